@@ -1,0 +1,35 @@
+// One macro for every CUDA runtime call, one for every kernel launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "flashlab/kernel_params.h"
+
+namespace flashlab {
+
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* expression, const char* file,
+                                   int line, const std::string& context = {});
+
+// True when FLASHLAB_SYNC_LAUNCH=1 is set: every launch then synchronizes and
+// reports its own error, the harness's answer to CUDA_LAUNCH_BLOCKING=1.
+bool synchronous_launch_checks();
+
+// Called right after a launch: checks the launch error and, when synchronous
+// checks are on, waits for the kernel and checks its execution error too.
+// The problem is described only when there is an error to report.
+void check_kernel_launch(const char* kernel_name, const AttentionParams& params, const char* file,
+                         int line);
+
+}  // namespace flashlab
+
+#define FLASHLAB_CUDA_CHECK(expr)                                                     \
+  do {                                                                                \
+    cudaError_t flashlab_status_ = (expr);                                            \
+    if (flashlab_status_ != cudaSuccess)                                              \
+      ::flashlab::throw_cuda_error(flashlab_status_, #expr, __FILE__, __LINE__);      \
+  } while (0)
+
+#define FLASHLAB_CHECK_LAUNCH(kernel_name, params) \
+  ::flashlab::check_kernel_launch(kernel_name, params, __FILE__, __LINE__)

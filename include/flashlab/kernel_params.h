@@ -1,0 +1,82 @@
+// The plain parameter block handed from the torch-facing C++ to every kernel.
+// It holds no torch types on purpose: kernel .cu files include only this and
+// the registry header, so they compile in seconds instead of minutes.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FLASHLAB_HOST_DEVICE __host__ __device__
+#else
+#define FLASHLAB_HOST_DEVICE
+#endif
+
+namespace flashlab {
+
+enum class DataType : int { float32 = 0, float16 = 1, bfloat16 = 2 };
+
+const char* data_type_name(DataType dtype);
+
+// Per-(row, key tile) online-softmax state recorded by kernels that support
+// tile tracing. Layout: [batch][head][row][key_tile], row-major, float32.
+struct TileTrace {
+  float* row_max = nullptr;  // running max m after the tile (natural-log units)
+  float* row_sum = nullptr;  // running sum l after the tile, relative to row_max
+  int num_key_tiles = 0;     // ceil(max_seqlen_k / block_k) of the traced kernel
+  FLASHLAB_HOST_DEVICE bool enabled() const { return row_max != nullptr; }
+};
+
+// Strides are in elements. Tensors are logically (batch, seqlen, heads, head_dim)
+// with head_dim contiguous, exactly like flash_attn_func.
+struct AttentionParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;  // log-sum-exp, float32
+
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  // lse index = b * lse_batch_stride + h * lse_head_stride + (row offset) + row,
+  // where the row offset is cu_seqlens_q[b] for variable-length batches, else 0.
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  int batch = 0;
+  int heads = 0;     // query heads
+  int kv_heads = 0;  // key/value heads; heads % kv_heads == 0 (GQA/MQA)
+  int seqlen_q = 0;  // for variable length: the maximum over the batch
+  int seqlen_k = 0;
+  int head_dim = 0;
+  DataType dtype = DataType::float16;
+
+  float softmax_scale = 1.0f;
+  // flash-attn semantics, bottom-right aligned: key j is visible from query i iff
+  //   i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right
+  // with -1 meaning unbounded on that side. Causal is window_right = 0.
+  int window_left = -1;
+  int window_right = -1;
+  FLASHLAB_HOST_DEVICE bool causal() const { return window_right == 0; }
+
+  // Variable-length batches (packed tokens): int32 prefix sums of length batch+1,
+  // on the device. When set, the batch strides are ignored and row offsets come
+  // from these arrays.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  FLASHLAB_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
+
+  TileTrace trace;
+
+  int device_compute_capability = 0;  // e.g. 90 for sm_90; 0 when unknown
+  void* stream = nullptr;             // cudaStream_t
+};
+
+}  // namespace flashlab
+
+#include <string>
+
+namespace flashlab {
+// "batch 2, heads 8/2, seqlen 113x1023, head_dim 64, fp16, causal" for error messages.
+std::string describe_problem(const AttentionParams& params);
+}  // namespace flashlab

@@ -1,0 +1,30 @@
+// Reference attention in plain torch ops (matmul, masked softmax, matmul) with
+// explicit bottom-right masking, computed in a chosen precision.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace flashlab {
+
+struct ReferenceOptions {
+  double softmax_scale = 1.0;
+  int window_left = -1;   // -1: unbounded
+  int window_right = -1;  // 0 for causal
+  at::ScalarType compute_dtype = at::kFloat;
+};
+
+struct ReferenceOutput {
+  at::Tensor out;  // (batch, seqlen_q, heads, head_dim), compute dtype
+  at::Tensor lse;  // (batch, heads, seqlen_q), compute dtype; -inf for rows that see no key
+};
+
+// q: (B, Sq, H, D); k, v: (B, Sk, Hkv, D), any dtype and device. Inputs are cast
+// to compute_dtype first. Fully masked rows give output 0 and LSE -inf.
+ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const ReferenceOptions& options);
+
+// (Sq, Sk) boolean: true where key j is visible from query i.
+at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right,
+                           at::Device device);
+
+}  // namespace flashlab

@@ -1,0 +1,126 @@
+#include "flashlab/compare.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+namespace flashlab {
+namespace {
+
+std::string position_text(const ElementPosition& at) {
+  std::ostringstream text;
+  text << std::setprecision(6) << "(batch " << at.batch << ", row " << at.row << ", head "
+       << at.head << ", col " << at.col << ") flat " << at.flat_index << ": got " << at.actual
+       << ", expected " << at.expected;
+  return text.str();
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> visited_key_tiles(const TileContext& context, int64_t row) {
+  if (context.tiles.block_k <= 0 || context.seqlen_k <= 0) return {0, -1};
+  const int64_t diagonal = row + context.seqlen_k - context.seqlen_q;
+  int64_t first = 0, last = context.seqlen_k - 1;
+  if (context.window_left >= 0) first = std::max<int64_t>(first, diagonal - context.window_left);
+  if (context.window_right >= 0) last = std::min<int64_t>(last, diagonal + context.window_right);
+  if (last < first) return {0, -1};
+  return {first / context.tiles.block_k, last / context.tiles.block_k};
+}
+
+ComparisonReport compare_elementwise(const std::string& name, const at::Tensor& actual,
+                                     const at::Tensor& expected, double tolerance,
+                                     const TileContext& context) {
+  TORCH_CHECK(actual.dim() == 4, "compare_elementwise: '", name,
+              "' must be 4-D (batch, row, head, col); got ", actual.sizes());
+  TORCH_CHECK(actual.sizes() == expected.sizes(), "compare_elementwise: '", name,
+              "' shapes differ: actual ", actual.sizes(), ", expected ", expected.sizes());
+  const at::Tensor got = actual.detach().to(at::kCPU, at::kDouble).contiguous();
+  const at::Tensor want = expected.detach().to(at::kCPU, at::kDouble).contiguous();
+  const double* got_data = got.data_ptr<double>();
+  const double* want_data = want.data_ptr<double>();
+  const int64_t rows = got.size(1), heads = got.size(2), cols = got.size(3);
+
+  ComparisonReport report;
+  report.name = name;
+  report.tolerance = tolerance;
+  report.total = got.numel();
+  report.context = context;
+  for (int64_t index = 0; index < report.total; ++index) {
+    const double a = got_data[index], e = want_data[index];
+    bool bad = false;
+    double error = 0;
+    if (std::isnan(a) && !std::isnan(e)) {
+      ++report.nan_count, bad = true;
+    } else if (std::isinf(a) || std::isinf(e)) {
+      if (a != e) ++(std::isinf(a) ? report.inf_count : report.over_tolerance), bad = true;
+    } else {
+      error = std::abs(a - e);
+      if (error > tolerance) ++report.over_tolerance, bad = true;
+    }
+    if (!bad && error <= report.max_abs_error && (std::abs(e) < 1e-3 || error / std::abs(e) <= report.max_rel_error))
+      continue;
+    ElementPosition position;
+    position.flat_index = index;
+    position.col = index % cols;
+    position.head = (index / cols) % heads;
+    position.row = (index / (cols * heads)) % rows;
+    position.batch = index / (cols * heads * rows);
+    position.actual = a, position.expected = e, position.abs_error = error;
+    if (bad) {
+      if (!report.first_bad) report.first_bad = position;
+      report.last_bad = position;
+    }
+    if (error > report.max_abs_error) report.max_abs_error = error, report.max_abs_at = position;
+    if (std::abs(e) >= 1e-3 && error / std::abs(e) > report.max_rel_error)
+      report.max_rel_error = error / std::abs(e), report.max_rel_at = position;
+  }
+  return report;
+}
+
+std::string ComparisonReport::format() const {
+  std::ostringstream text;
+  text << std::setprecision(4);
+  text << name << ": " << (passed() ? "PASS" : "FAIL") << "  max abs err " << max_abs_error
+       << " (tolerance " << tolerance << "), max rel err " << max_rel_error << ", "
+       << over_tolerance << "/" << total << " over tolerance, " << nan_count << " NaN, "
+       << inf_count << " inf\n";
+  if (max_abs_error > 0) text << "  largest error at " << position_text(max_abs_at) << "\n";
+  if (first_bad) {
+    text << "  first bad element " << position_text(*first_bad) << "\n";
+    if (context.tiles.block_q > 0) {
+      const int64_t query_tile = first_bad->row / context.tiles.block_q;
+      text << "  it lies in query tile " << query_tile << " (rows "
+           << query_tile * context.tiles.block_q << ".."
+           << (query_tile + 1) * context.tiles.block_q - 1 << ", block_q "
+           << context.tiles.block_q << ")";
+      const auto [first_tile, last_tile] = visited_key_tiles(context, first_bad->row);
+      if (last_tile >= first_tile)
+        text << "; its row visits key tiles " << first_tile << ".." << last_tile << " (block_k "
+             << context.tiles.block_k << ")\n";
+      else
+        text << "; its row sees no key (fully masked)\n";
+    }
+    text << "  bad elements span flat indices " << first_bad->flat_index << ".."
+         << last_bad->flat_index << "\n";
+  }
+  return text.str();
+}
+
+std::string ComparisonReport::first_bad_json() const {
+  if (!first_bad) return "null";
+  std::ostringstream text;
+  text << std::setprecision(9) << "{\"batch\": " << first_bad->batch << ", \"row\": "
+       << first_bad->row << ", \"head\": " << first_bad->head << ", \"col\": " << first_bad->col
+       << ", \"flat_index\": " << first_bad->flat_index << ", \"actual\": "
+       << (std::isfinite(first_bad->actual) ? std::to_string(first_bad->actual) : "null")
+       << ", \"expected\": "
+       << (std::isfinite(first_bad->expected) ? std::to_string(first_bad->expected) : "null");
+  if (context.tiles.block_q > 0)
+    text << ", \"query_tile\": " << first_bad->row / context.tiles.block_q;
+  text << "}";
+  return text.str();
+}
+
+}  // namespace flashlab

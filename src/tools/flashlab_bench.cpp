@@ -1,0 +1,316 @@
+// flashlab-bench: every registered kernel and torch SDPA's backends (pinned one
+// at a time) on the same inputs, timed with CUDA events (Google Benchmark
+// manual time), with a summary of medians, TFLOP/s, the fraction of the bf16
+// matmul peak measured in the same run, and ratios to torch's FLASH and cuDNN.
+//
+// Own flags (Google Benchmark's --benchmark_* flags work as usual):
+//   --head-dims=64,128  --seqlens=1024,4096,16384  --tokens=32768 (batch = tokens / seqlen)
+//   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=bf16|fp16  --causal=both|on|off
+//   --kernels=all|name,name  --backends=all|flash,cudnn,efficient,math|none
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <benchmark/benchmark.h>
+#include <torch/version.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flashlab/attention.h"
+#include "flashlab/cuda_check.h"
+#include "flashlab/kernel_registry.h"
+#include "flashlab/problem.h"
+
+namespace {
+
+using flashlab::ProblemSpec;
+
+struct BenchConfig {
+  std::vector<int> head_dims = {64, 128};
+  std::vector<int> seqlens = {1024, 4096, 16384};
+  int tokens = 32768;
+  int model_dim = 2048;
+  at::ScalarType dtype = at::kBFloat16;
+  std::vector<bool> causal = {false, true};
+  std::vector<std::string> kernels;  // empty: all registered
+  std::vector<std::string> backends = {"flash", "cudnn", "efficient", "math"};
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');)
+    if (!part.empty()) parts.push_back(part);
+  return parts;
+}
+
+// Takes our flags out of argv so Google Benchmark sees only its own.
+BenchConfig parse_own_flags(int& argc, char** argv) {
+  BenchConfig config;
+  int kept = 1;
+  for (int index = 1; index < argc; ++index) {
+    const std::string argument = argv[index];
+    auto value_of = [&](const std::string& flag) -> std::optional<std::string> {
+      if (argument.rfind(flag + "=", 0) == 0) return argument.substr(flag.size() + 1);
+      return std::nullopt;
+    };
+    auto integers = [](const std::string& text) {
+      std::vector<int> values;
+      for (const auto& part : split(text)) values.push_back(std::stoi(part));
+      return values;
+    };
+    if (auto v = value_of("--head-dims")) config.head_dims = integers(*v);
+    else if (auto v = value_of("--seqlens")) config.seqlens = integers(*v);
+    else if (auto v = value_of("--tokens")) config.tokens = std::stoi(*v);
+    else if (auto v = value_of("--model-dim")) config.model_dim = std::stoi(*v);
+    else if (auto v = value_of("--dtype")) config.dtype = *v == "fp16" ? at::kHalf : at::kBFloat16;
+    else if (auto v = value_of("--causal"))
+      config.causal = *v == "on" ? std::vector<bool>{true} : *v == "off" ? std::vector<bool>{false} : std::vector<bool>{false, true};
+    else if (auto v = value_of("--kernels")) config.kernels = *v == "all" ? std::vector<std::string>{} : split(*v);
+    else if (auto v = value_of("--backends"))
+      config.backends = *v == "all" ? BenchConfig{}.backends : *v == "none" ? std::vector<std::string>{} : split(*v);
+    else argv[kept++] = argv[index];
+  }
+  argc = kept;
+  return config;
+}
+
+double attention_flops(const ProblemSpec& spec) {
+  // Two matmuls of 2*Sq*Sk*D each; a causal square problem does half the work.
+  const double flops = 4.0 * spec.batch * spec.heads * spec.seqlen_q * spec.seqlen_k * spec.head_dim;
+  return spec.causal ? flops / 2 : flops;
+}
+
+// Times `call` with CUDA events: warm-up, then one event pair per iteration.
+class EventTimer {
+ public:
+  EventTimer() {
+    FLASHLAB_CUDA_CHECK(cudaEventCreate(&start_));
+    FLASHLAB_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  float time_ms(const std::function<void()>& call) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    FLASHLAB_CUDA_CHECK(cudaEventRecord(start_, stream));
+    call();
+    FLASHLAB_CUDA_CHECK(cudaEventRecord(stop_, stream));
+    FLASHLAB_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_{}, stop_{};
+};
+
+float median(std::vector<float> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+// The bf16 matmul rate this GPU reaches now, the ceiling attention is measured against.
+double measure_matmul_peak_tflops() {
+  const int n = 8192;
+  const auto options = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const at::Tensor a = at::randn({n, n}, options), b = at::randn({n, n}, options);
+  at::Tensor c = at::empty({n, n}, options);
+  EventTimer timer;
+  for (int warmup = 0; warmup < 3; ++warmup) at::mm_out(c, a, b);
+  std::vector<float> times;
+  for (int repeat = 0; repeat < 10; ++repeat) times.push_back(timer.time_ms([&] { at::mm_out(c, a, b); }));
+  return 2.0 * n * n * double(n) / (median(times) * 1e-3) / 1e12;
+}
+
+struct Measurement {
+  std::string case_name, implementation;
+  double median_ms = 0, tflops = 0;
+  std::string error;
+};
+std::vector<Measurement> measurements;
+double matmul_peak_tflops = 0;
+
+// Inputs of the case being timed; all implementations of a case share them.
+struct CurrentInputs {
+  std::string case_name;
+  flashlab::ProblemInputs inputs;
+} current;
+
+const flashlab::ProblemInputs& inputs_for(const std::string& case_name, const ProblemSpec& spec) {
+  if (current.case_name != case_name) {
+    current = {};
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    current.inputs = flashlab::make_inputs(spec, at::Device(at::kCUDA, 0));
+    current.case_name = case_name;
+  }
+  return current.inputs;
+}
+
+void pin_sdpa_backend(const std::string& backend) {
+  auto& context = at::globalContext();
+  context.setSDPUseFlash(backend == "flash");
+  context.setSDPUseCuDNN(backend == "cudnn");
+  context.setSDPUseMemEfficient(backend == "efficient");
+  context.setSDPUseMath(backend == "math");
+}
+
+std::function<void()> make_call(const std::string& implementation, const ProblemSpec& spec,
+                                const flashlab::ProblemInputs& inputs) {
+  if (implementation.rfind("sdpa_", 0) == 0) {
+    const std::string backend = implementation.substr(5);
+    // SDPA wants (batch, heads, seqlen, head_dim): the same memory, transposed views.
+    const at::Tensor q = inputs.q.transpose(1, 2), k = inputs.k.transpose(1, 2), v = inputs.v.transpose(1, 2);
+    const bool gqa = spec.heads != spec.kv_heads;
+    return [=] {
+      pin_sdpa_backend(backend);
+      at::scaled_dot_product_attention(q, k, v, {}, 0.0, spec.causal, std::nullopt, gqa);
+    };
+  }
+  const flashlab::AttentionOptions options = spec.attention_options();
+  at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
+  at::Tensor lse = at::empty({spec.batch, spec.heads, spec.seqlen_q}, inputs.q.options().dtype(at::kFloat));
+  return [=] { flashlab::attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, options); };
+}
+
+void run_benchmark(benchmark::State& state, const std::string& case_name,
+                   const std::string& implementation, const ProblemSpec& spec) {
+  Measurement measurement{case_name, implementation};
+  try {
+    if (implementation == "sdpa_math") {
+      // The math path materializes (batch, heads, Sq, Sk) scores several times over.
+      const double score_bytes = 4.0 * spec.batch * spec.heads * spec.seqlen_q * double(spec.seqlen_k);
+      if (score_bytes > 16e9) throw std::runtime_error("skipped: math backend would need > 16 GB of scores");
+    }
+    const auto& inputs = inputs_for(case_name, spec);
+    const auto call = make_call(implementation, spec, inputs);
+    EventTimer timer;
+    for (int warmup = 0; warmup < 3; ++warmup) call();
+    FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> times;
+    for (auto _ : state) {
+      const float ms = timer.time_ms(call);
+      times.push_back(ms);
+      state.SetIterationTime(ms * 1e-3);
+    }
+    measurement.median_ms = median(times);
+    measurement.tflops = attention_flops(spec) / (measurement.median_ms * 1e-3) / 1e12;
+    state.counters["median_ms"] = measurement.median_ms;
+    state.counters["TFLOPS"] = measurement.tflops;
+    state.counters["peak_fraction"] = measurement.tflops / matmul_peak_tflops;
+  } catch (const std::exception& error) {
+    std::string message = error.what();
+    if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))
+      message = torch_error->what_without_backtrace();
+    message = message.substr(0, message.find('\n'));
+    measurement.error = message;
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    cudaGetLastError();
+    state.SkipWithError(message.c_str());
+  }
+  measurements.push_back(measurement);
+}
+
+void print_summary(const BenchConfig& config) {
+  std::printf("\nbf16 matmul peak measured in this run: %.1f TFLOP/s (8192^3, median of 10)\n", matmul_peak_tflops);
+  std::map<std::string, std::map<std::string, const Measurement*>> by_case;
+  std::vector<std::string> case_order;
+  for (const auto& m : measurements) {
+    if (by_case.find(m.case_name) == by_case.end()) case_order.push_back(m.case_name);
+    by_case[m.case_name][m.implementation] = &m;
+  }
+  std::printf("%-44s %-16s %10s %9s %7s %9s %9s\n", "case", "implementation", "median ms", "TFLOP/s",
+              "% peak", "vs flash", "vs cudnn");
+  for (const auto& case_name : case_order) {
+    const auto& row = by_case[case_name];
+    auto reference_ms = [&](const char* name) -> double {
+      auto found = row.find(name);
+      return found == row.end() || !found->second->error.empty() ? 0 : found->second->median_ms;
+    };
+    const double flash_ms = reference_ms("sdpa_flash"), cudnn_ms = reference_ms("sdpa_cudnn");
+    for (const auto& m : measurements) {
+      if (m.case_name != case_name) continue;
+      if (!m.error.empty()) {
+        std::printf("%-44s %-16s   %s\n", case_name.c_str(), m.implementation.c_str(), m.error.substr(0, 90).c_str());
+        continue;
+      }
+      char flash_ratio[16] = "-", cudnn_ratio[16] = "-";
+      if (flash_ms > 0) std::snprintf(flash_ratio, sizeof flash_ratio, "%.2fx", flash_ms / m.median_ms);
+      if (cudnn_ms > 0) std::snprintf(cudnn_ratio, sizeof cudnn_ratio, "%.2fx", cudnn_ms / m.median_ms);
+      std::printf("%-44s %-16s %10.3f %9.1f %6.1f%% %9s %9s\n", case_name.c_str(), m.implementation.c_str(),
+                  m.median_ms, m.tflops, 100 * m.tflops / matmul_peak_tflops, flash_ratio, cudnn_ratio);
+    }
+  }
+  std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row)\n");
+  (void)config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchConfig config;
+  try {
+    config = parse_own_flags(argc, argv);
+  } catch (const std::exception& error) {
+    std::cerr << "flashlab-bench: bad flag: " << error.what() << "\n";
+    return 2;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  const std::string unavailable = flashlab::cuda_unavailable_reason();
+  if (!unavailable.empty()) {
+    std::cerr << "flashlab-bench: cannot run: " << unavailable << "\n";
+    return 3;
+  }
+  matmul_peak_tflops = measure_matmul_peak_tflops();
+  benchmark::AddCustomContext("matmul_peak_tflops", std::to_string(matmul_peak_tflops));
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+
+  std::vector<std::string> implementations;
+  for (const auto& kernel : flashlab::registered_kernels())
+    if (config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), kernel.name) != config.kernels.end())
+      implementations.push_back(kernel.name);
+  for (const auto& backend : config.backends) implementations.push_back("sdpa_" + backend);
+
+  for (const int head_dim : config.head_dims)
+    for (const int seqlen : config.seqlens)
+      for (const bool causal : config.causal) {
+        ProblemSpec spec;
+        spec.head_dim = head_dim;
+        spec.heads = spec.kv_heads = std::max(1, config.model_dim / head_dim);
+        spec.seqlen_q = spec.seqlen_k = seqlen;
+        spec.batch = std::max(1, config.tokens / seqlen);
+        spec.dtype = config.dtype;
+        spec.causal = causal;
+        spec.seed = 1234;
+        const std::string case_name = "d" + std::to_string(head_dim) + "/s" + std::to_string(seqlen) + "/b" +
+                                      std::to_string(spec.batch) + "/h" + std::to_string(spec.heads) +
+                                      (causal ? "/causal" : "/full");
+        for (const auto& implementation : implementations) {
+          spec.kernel = implementation.rfind("sdpa_", 0) == 0 ? "auto" : implementation;
+          if (implementation.rfind("sdpa_", 0) != 0) {
+            const std::string reason = flashlab::unsupported_reason(*flashlab::find_kernel(implementation), spec);
+            if (!reason.empty()) continue;
+          }
+          benchmark::RegisterBenchmark((case_name + "/" + implementation).c_str(),
+                                       [=](benchmark::State& state) { run_benchmark(state, case_name, implementation, spec); })
+              ->UseManualTime()
+              ->Unit(benchmark::kMillisecond)
+              ->MinTime(0.3);
+        }
+      }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_summary(config);
+  return 0;
+}

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <iomanip>
 #include <limits>
@@ -164,13 +165,21 @@ CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_opti
   context.window_left = params.window_left;
   context.window_right = params.window_right;
   // flash-attn's rule: at most twice torch's own same-precision error, plus the
-  // rounding that storing the reference in the output dtype costs.
-  result.out = compare_elementwise("out", out, reference.out, 2 * result.ref_err + result.storage_err,
-                                   context);
+  // rounding that storing the reference in the output dtype costs, plus a few
+  // float32 ulps of the largest value: kernels accumulate in float32, and with
+  // float32 inputs torch's own error can be a single ulp (seqlen_k 1, say).
+  auto float32_floor = [](const at::Tensor& values) {
+    const at::Tensor finite = values.masked_select(at::isfinite(values));
+    return finite.numel() == 0 ? 0.0 : 4 * FLT_EPSILON * finite.abs().max().item<double>();
+  };
+  result.out = compare_elementwise(
+      "out", out, reference.out,
+      2 * result.ref_err + result.storage_err + float32_floor(reference.out), context);
   // LSE is (batch, heads, seqlen_q); compare it as (batch, row, head, 1).
   result.lse = compare_elementwise("lse", lse.permute({0, 2, 1}).unsqueeze(-1),
                                    reference.lse.permute({0, 2, 1}).unsqueeze(-1),
-                                   2 * lse_ref_err + lse_storage_err, context);
+                                   2 * lse_ref_err + lse_storage_err + float32_floor(reference.lse),
+                                   context);
 
   if (check_options.timed_launches > 0) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
@@ -203,7 +212,7 @@ std::string CheckResult::format() const {
   text << "kernel  " << kernel << " (tiles " << tiles.block_q << "x" << tiles.block_k << ")\n"
        << "problem " << problem << "\n"
        << "torch same-precision math error " << ref_err << ", storage rounding " << storage_err
-       << " -> output tolerance " << out.tolerance << "\n"
+       << " -> output tolerance " << out.tolerance << " (2 x math error + rounding + 4 float32 ulps)\n"
        << out.format() << lse.format();
   if (kernel_ms >= 0) text << "kernel time " << kernel_ms << " ms (median)\n";
   text << (passed() ? "PASSED" : "FAILED") << "\n";

@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <curand.h>
 
+#include "flashlab/normal_from_bits.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -38,23 +40,36 @@ at::Tensor mt19937_normal(at::IntArrayRef shape, uint64_t seed, at::Device devic
   int64_t count = 1;
   for (int64_t extent : shape) count *= extent;
   TORCH_CHECK(count >= 0, "mt19937_normal: negative shape ", shape);
-  // Box-Muller makes values in pairs, so cuRAND wants an even count.
-  const int64_t generated = count + (count % 2);
   const bool on_host = device.is_cpu();
   TORCH_CHECK(on_host || device.is_cuda(), "mt19937_normal: device must be cpu or cuda, got ",
               device);
   std::optional<c10::cuda::CUDAGuard> guard;
   if (!on_host) guard.emplace(device);
-  at::Tensor values = at::empty({std::max<int64_t>(generated, 2)},
-                                at::TensorOptions().dtype(at::kFloat).device(device));
+  // Raw 32-bit MT19937 outputs are identical on host and device; the normal
+  // transform is ours (normal_from_bits.h) so that it is identical too.
+  const int64_t bit_count = std::max<int64_t>(count + (count % 2), 2);
+  const auto options = at::TensorOptions().device(device);
+  at::Tensor bits = at::empty({bit_count}, options.dtype(at::kInt));
+  at::Tensor values = at::empty({count}, options.dtype(at::kFloat));
   Generator generator(on_host);
   FLASHLAB_CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(generator.handle, seed));
-  if (!on_host)
-    FLASHLAB_CURAND_CHECK(curandSetStream(
-        generator.handle, c10::cuda::getCurrentCUDAStream(device.index()).stream()));
-  FLASHLAB_CURAND_CHECK(
-      curandGenerateNormal(generator.handle, values.data_ptr<float>(), values.numel(), 0.f, 1.f));
-  return values.narrow(0, 0, count).view(shape);
+  auto* bit_data = reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>());
+  if (on_host) {
+    FLASHLAB_CURAND_CHECK(curandGenerate(generator.handle, bit_data, bit_count));
+    float* out = values.data_ptr<float>();
+    for (int64_t pair = 0; 2 * pair < count; ++pair) {
+      float z0, z1;
+      normal_pair_from_bits(bit_data[2 * pair], bit_data[2 * pair + 1], z0, z1);
+      out[2 * pair] = z0;
+      if (2 * pair + 1 < count) out[2 * pair + 1] = z1;
+    }
+  } else {
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+    FLASHLAB_CURAND_CHECK(curandSetStream(generator.handle, stream));
+    FLASHLAB_CURAND_CHECK(curandGenerate(generator.handle, bit_data, bit_count));
+    normal_from_bits_on_device(bit_data, values.data_ptr<float>(), count, stream);
+  }
+  return values.view(shape);
 }
 
 }  // namespace flashlab

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: set-up, configure + build (release), the test
 # suite, the acceptance run and a benchmark, with logs under $OUT (or ./gpu-logs).
-# Usage: scripts/gpu_session.sh [step...]   steps: build test run bench (default: all)
+# Usage: scripts/gpu_session.sh [step...]
+#   steps: build test run info trace memory sanitizer debug bench (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
-steps=${*:-build test run bench}
+steps=${*:-build test run info trace memory sanitizer debug bench}
 jobs=$(nproc)
 status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
@@ -29,7 +30,7 @@ source scripts/env.sh
 if has test; then
   section "ctest"
   start=$(date +%s)
-  ctest --preset release -j "$jobs" --timeout 600 > "$out/ctest.log" 2>&1 || status=1
+  ctest --preset release -j "$jobs" --timeout 600 -LE sanitizer > "$out/ctest.log" 2>&1 || status=1
   grep -E "tests passed|tests failed|Total Test time|\(Failed\)|\(Timeout\)|Not Run|\(SEGFAULT\)|Exception" "$out/ctest.log" | head -n 40
   ctest --preset release -N -L cpu | tail -n 1; ctest --preset release -N -L gpu | tail -n 1
   echo "ctest: $(( $(date +%s) - start )) s"
@@ -43,6 +44,46 @@ if has run; then
       2>&1 | tee "$out/run_$kernel.log" | tail -n 14
     echo "exit code ${PIPESTATUS[0]}"
   done
+fi
+
+if has info; then
+  section "flashlab-info"
+  build/release/flashlab-info 2>&1 | tee "$out/info.log"
+fi
+
+if has trace; then
+  section "tile-state diff on the planted bug, then on fa1_scalar"
+  build/release/flashlab-run --kernel fa1_scalar_planted_bug --batch 1 --heads 2 --kv-heads 1 \
+    --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --repeat 0 2>&1 | tail -n 9
+  build/release/flashlab-run --kernel fa1_scalar_planted_bug --batch 1 --heads 2 --kv-heads 1 \
+    --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 6
+  echo "exit code ${PIPESTATUS[0]}"
+  build/release/flashlab-run --kernel fa1_scalar --batch 1 --heads 2 --kv-heads 1 \
+    --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 3
+fi
+
+if has memory; then
+  section "memory: fused kernel against naive attention"
+  build/release/flashlab-run --batch 1 --heads 16 --head-dim 64 --dtype fp16 --memory 2>&1 | tail -n 5
+fi
+
+if has sanitizer; then
+  section "compute-sanitizer"
+  start=$(date +%s)
+  ctest --preset release -L sanitizer -j 4 --timeout 900 -V > "$out/sanitizer.log" 2>&1 || status=1
+  grep -E ": [0-9]+ runs|FAIL |tests passed|tests failed" "$out/sanitizer.log" | sed 's/^[0-9]*: //' | head -n 20
+  grep -m 2 "ok   racecheck" "$out/sanitizer.log" | sed 's/^[0-9]*: //'
+  echo "sanitizer: $(( $(date +%s) - start )) s"
+fi
+
+if has debug; then
+  section "debug preset: cuda-gdb breakpoint test"
+  start=$(date +%s)
+  { cmake --preset debug && cmake --build --preset debug -j "$jobs"; } > "$out/build_debug.log" 2>&1 \
+    || { tail -n 40 "$out/build_debug.log"; status=1; }
+  ctest --preset debug -L debug -V --timeout 600 > "$out/debug.log" 2>&1 || status=1
+  sed 's/^[0-9]*: //' "$out/debug.log" | grep -vE "^(UpdateCTest|Test project|Constructing|Checking|Parse|Add file|Updating|Test command|Working Directory|Environment|Test timeout|test [0-9])" | tail -n 30
+  echo "debug: $(( $(date +%s) - start )) s"
 fi
 
 if has bench; then

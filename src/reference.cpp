@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+
 namespace flashlab {
 
 at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right,
@@ -39,6 +41,36 @@ ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, co
   probabilities = at::where(at::isfinite(lse), probabilities, at::zeros_like(probabilities));
   const at::Tensor out = at::matmul(probabilities, value);
   return {out.transpose(1, 2).contiguous(), lse.squeeze(-1).contiguous()};
+}
+
+ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                                           const at::Tensor& cu_seqlens_k,
+                                           const ReferenceOptions& options) {
+  TORCH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.sizes() == cu_seqlens_k.sizes(),
+              "cu_seqlens_q and cu_seqlens_k must be 1-D of one length; got ", cu_seqlens_q.sizes(),
+              " and ", cu_seqlens_k.sizes());
+  const at::Tensor offsets_q = cu_seqlens_q.to(at::kCPU, at::kLong);
+  const at::Tensor offsets_k = cu_seqlens_k.to(at::kCPU, at::kLong);
+  const auto* starts_q = offsets_q.data_ptr<int64_t>();
+  const auto* starts_k = offsets_k.data_ptr<int64_t>();
+  const int64_t heads = q.size(1), head_dim = q.size(2), total_q = q.size(0);
+  const auto options_out = q.options().dtype(options.compute_dtype);
+  // Rows of empty query sequences do not exist; rows whose key sequence is
+  // empty see no key, so the initial 0 / -inf are their final values.
+  at::Tensor out = at::zeros({total_q, heads, head_dim}, options_out);
+  at::Tensor lse = at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), options_out);
+  for (int64_t sequence = 0; sequence + 1 < offsets_q.size(0); ++sequence) {
+    const int64_t q_start = starts_q[sequence], seqlen_q = starts_q[sequence + 1] - q_start;
+    const int64_t k_start = starts_k[sequence], seqlen_k = starts_k[sequence + 1] - k_start;
+    if (seqlen_q == 0 || seqlen_k == 0) continue;
+    const ReferenceOutput one = reference_attention(
+        q.narrow(0, q_start, seqlen_q).unsqueeze(0), k.narrow(0, k_start, seqlen_k).unsqueeze(0),
+        v.narrow(0, k_start, seqlen_k).unsqueeze(0), options);
+    out.narrow(0, q_start, seqlen_q).copy_(one.out.squeeze(0));
+    lse.narrow(1, q_start, seqlen_q).copy_(one.lse.squeeze(0));
+  }
+  return {out, lse};
 }
 
 }  // namespace flashlab

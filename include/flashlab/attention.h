@@ -18,6 +18,7 @@ struct AttentionOptions {
   int window_left = -1;                 // -1: unbounded
   int window_right = -1;                // -1: unbounded; causal forces 0
   TileTrace trace;                      // optional per-tile state recording
+  bool allow_test_only_kernels = false;  // lets `kernel` name a test_only_kernels() entry
 };
 
 struct AttentionOutput {
@@ -43,5 +44,36 @@ const KernelVariant& select_kernel(const at::Tensor& q, const at::Tensor& k, con
 AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& out, const at::Tensor& lse,
                             const AttentionOptions& options);
+
+// Variable-length batches, like flash_attn_varlen_func: q is (total_q, heads,
+// head_dim) and k, v are (total_k, kv_heads, head_dim), the sequences packed one
+// after another. cu_seqlens_q/k are int32 prefix sums of length batch + 1 on q's
+// device (sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1]-1); max_seqlen_q/k
+// bound every length. Sequences align bottom-right, each on its own. Returns out
+// (total_q, heads, head_dim) and lse (heads, total_q), float32. The lengths are
+// validated on the host (cu_seqlens is copied to the CPU).
+AttentionOutput attention_varlen_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                                         const at::Tensor& cu_seqlens_k, int max_seqlen_q,
+                                         int max_seqlen_k, const AttentionOptions& options = {});
+
+// Writes into caller-provided out (total_q, heads, head_dim) and lse (heads, total_q).
+void attention_varlen_forward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                   int max_seqlen_q, int max_seqlen_k, const at::Tensor& out,
+                                   const at::Tensor& lse, const AttentionOptions& options = {});
+
+// select_kernel for a variable-length batch (validates the lengths too).
+const KernelVariant& select_varlen_kernel(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                                          const at::Tensor& cu_seqlens_k, int max_seqlen_q,
+                                          int max_seqlen_k, const AttentionOptions& options);
+
+// make_params for a variable-length batch: batch strides 0, seqlens the maxima,
+// lse laid out as (heads, total_q). No launch, no device access.
+AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                   int max_seqlen_q, int max_seqlen_k, const at::Tensor& out,
+                                   const at::Tensor& lse, const AttentionOptions& options);
 
 }  // namespace flashlab

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "flashlab/attention.h"
 #include "flashlab/compare.h"
@@ -27,13 +28,26 @@ struct ProblemSpec {
   uint64_t seed = 0;
   Layout layout = Layout::bshd;
   bool float64_reference = false;  // always on for float32 inputs
+  // Variable-length batch: per-sequence lengths (0 allowed). Empty seqlens_q:
+  // fixed length. Set, batch/seqlen_q/seqlen_k are ignored and the inputs are
+  // packed (total_tokens, heads, head_dim); empty seqlens_k means "as seqlens_q".
+  std::vector<int> seqlens_q, seqlens_k;
+  // Q and K are multiplied by this after drawing, so scores grow by its square
+  // (overflow tests).
+  double qk_input_scale = 1.0;
 
+  bool is_varlen() const { return !seqlens_q.empty(); }
+  const std::vector<int>& key_seqlens() const { return seqlens_k.empty() ? seqlens_q : seqlens_k; }
   std::string describe() const;
   AttentionOptions attention_options() const;
 };
 
 struct ProblemInputs {
   at::Tensor q, k, v;  // (B, S, H, D) views; with packed_qkv they share one buffer
+  // Variable-length specs: q, k, v are (total, H, D) and these describe the
+  // sequences (cu_seqlens int32 on the inputs' device).
+  at::Tensor cu_seqlens_q, cu_seqlens_k;
+  int max_seqlen_q = 0, max_seqlen_k = 0;
 };
 
 // Q, K, V from MT19937 normal(0, 1) values seeded by spec.seed. With
@@ -52,7 +66,7 @@ struct CheckResult {
   TileShape tiles;
   ComparisonReport out, lse;
   double ref_err = 0;      // max |torch same-precision math - reference| on the output
-  double storage_err = 0;  // max |reference rounded to the input dtype - reference|
+  double storage_err = 0;  // flash-attn's fwd_atol: 2 max |((ref + 0.3) - 0.3) - ref| in the input dtype
   double kernel_ms = -1;   // median over the timed launches, when timed
   bool passed() const { return out.passed() && lse.passed(); }
   std::string format() const;

@@ -23,6 +23,16 @@ struct ReferenceOutput {
 ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const ReferenceOptions& options);
 
+// Variable-length batch (packed tokens, see attention_varlen_forward): calls
+// reference_attention once per sequence. q: (total_q, H, D); k, v: (total_k,
+// Hkv, D); cu_seqlens_q/k: int32 prefix sums of length batch + 1 on any device.
+// Returns out (total_q, H, D) and lse (H, total_q), compute dtype. A query
+// sequence whose key sequence is empty gives output 0 and LSE -inf.
+ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                                           const at::Tensor& cu_seqlens_k,
+                                           const ReferenceOptions& options);
+
 // (Sq, Sk) boolean: true where key j is visible from query i.
 at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right,
                            at::Device device);

@@ -8,6 +8,7 @@ namespace flashlab {
 
 KernelVariant fa1_scalar_variant();
 KernelVariant fa2_mma_sm80_variant();
+KernelVariant fa1_scalar_planted_bug_variant();
 
 const std::vector<KernelVariant>& registered_kernels() {
   // "auto" picks the first kernel that supports a problem: fastest first.
@@ -18,11 +19,22 @@ const std::vector<KernelVariant>& registered_kernels() {
   return kernels;
 }
 
-const KernelVariant* find_kernel(std::string_view name) {
+const std::vector<KernelVariant>& test_only_kernels() {
+  static const std::vector<KernelVariant> kernels = {
+      fa1_scalar_planted_bug_variant(),
+  };
+  return kernels;
+}
+
+const KernelVariant* find_kernel(std::string_view name, bool include_test_only) {
+  auto named = [&](const KernelVariant& kernel) { return kernel.name == name; };
   const auto& kernels = registered_kernels();
-  auto found = std::find_if(kernels.begin(), kernels.end(),
-                            [&](const KernelVariant& kernel) { return kernel.name == name; });
-  return found == kernels.end() ? nullptr : &*found;
+  if (auto found = std::find_if(kernels.begin(), kernels.end(), named); found != kernels.end())
+    return &*found;
+  if (!include_test_only) return nullptr;
+  const auto& test_only = test_only_kernels();
+  auto found = std::find_if(test_only.begin(), test_only.end(), named);
+  return found == test_only.end() ? nullptr : &*found;
 }
 
 std::string registered_kernel_names() {

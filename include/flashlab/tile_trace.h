@@ -1,0 +1,54 @@
+// The tile-state diff: a kernel that opts in (KernelVariant::supports_tile_trace)
+// records its online-softmax state (running max m, running sum l) per query row
+// after every key tile into AttentionParams::trace. The harness recomputes the
+// same states in float64 with the kernel's block_k and names the first
+// (key tile, row, statistic) where they part. Opting in costs a kernel a few
+// lines: write m and l at [batch][head][row][key_tile] when trace.enabled().
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "flashlab/kernel_registry.h"
+#include "flashlab/problem.h"
+
+namespace flashlab {
+
+struct ExpectedTileStates {
+  at::Tensor row_max;  // (batch, heads, seqlen_q, key tiles), float64, -inf before any visible key
+  at::Tensor row_sum;  // same shape: sum of exp(score - row_max) over the keys seen so far
+};
+
+// q: (B, Sq, H, D), k/v: (B, Sk, Hkv, D); the same masking as reference_attention.
+ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k, double softmax_scale,
+                                        int window_left, int window_right, int block_k);
+
+struct TileStateDifference {
+  int64_t batch = 0, head = 0, row = 0, key_tile = 0;
+  std::string statistic;  // "m" (running max) or "l" (running sum)
+  double kernel_value = 0, expected_value = 0;
+};
+
+struct TileTraceReport {
+  std::string kernel, problem;
+  TileShape tiles;
+  int64_t key_tiles = 0;
+  int64_t recorded = 0;   // (row, tile) states the kernel wrote (tiles it skipped whole are not)
+  int64_t differing = 0;  // states where m or l departs
+  std::optional<TileStateDifference> first_difference;  // earliest key tile, then batch, head, row
+  bool matches() const { return recorded > 0 && differing == 0; }
+  std::string format() const;
+};
+
+// Runs `kernel` (a registered or test-only one) on the spec's inputs with tile
+// tracing on and diffs the recorded states against expected_tile_states.
+TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel);
+
+// The expected (m, l) of one row after one key tile, for cuda-gdb checks.
+std::pair<double, double> expected_state_at(const ProblemSpec& spec, int block_k, int64_t batch,
+                                            int64_t head, int64_t row, int64_t key_tile);
+
+}  // namespace flashlab

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Plot flashlab-bench results: TFLOP/s against sequence length.
+
+Reads the Google Benchmark JSON that
+    flashlab-bench --benchmark_out=bench.json --benchmark_out_format=json
+writes and draws one subplot per (head_dim, causal/full), seqlen on a log2
+axis, one line per implementation (registered kernels and sdpa_* backends).
+
+    python3 scripts/plot_bench.py bench.json -o bench.png
+
+Benchmark names look like d64/s4096/b8/h32/causal/fa2_mma_sm80/min_time:0.300/manual_time;
+entries with error_occurred are skipped, aggregates (mean/median/stddev of
+repetitions) are ignored, and repetitions of one case are reduced to their median.
+Tooling only: needs matplotlib, never runs in the test loop.
+"""
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+MASKS = ("full", "causal")
+# Context keys that may name the GPU (flashlab-bench adds custom context entries).
+GPU_CONTEXT_KEYS = ("gpu", "gpu_name", "device", "device_name", "cuda_device")
+
+
+def parse_name(name):
+    """(head_dim, seqlen, mask, implementation) from a benchmark name, or None."""
+    parts = name.split("/")
+    head_dim = seqlen = None
+    for index, part in enumerate(parts):
+        if re.fullmatch(r"d\d+", part):
+            head_dim = int(part[1:])
+        elif re.fullmatch(r"s\d+", part):
+            seqlen = int(part[1:])
+        elif part in MASKS and index + 1 < len(parts):
+            if head_dim is None or seqlen is None:
+                return None
+            return head_dim, seqlen, part, parts[index + 1]
+    return None
+
+
+def load_results(path):
+    """{(head_dim, mask): {implementation: {seqlen: TFLOP/s}}} and the JSON context."""
+    with open(path) as file:
+        document = json.load(file)
+    samples = defaultdict(list)
+    skipped = 0
+    for entry in document.get("benchmarks", []):
+        if entry.get("run_type") == "aggregate":
+            continue
+        if entry.get("error_occurred"):
+            skipped += 1
+            continue
+        parsed = parse_name(entry.get("run_name") or entry.get("name", ""))
+        if parsed is None or "TFLOPS" not in entry:
+            continue
+        samples[parsed].append(float(entry["TFLOPS"]))
+    results = defaultdict(lambda: defaultdict(dict))
+    for (head_dim, seqlen, mask, implementation), values in samples.items():
+        results[(head_dim, mask)][implementation][seqlen] = statistics.median(values)
+    if skipped:
+        print(f"plot_bench: skipped {skipped} entries with errors", file=sys.stderr)
+    return results, document.get("context", {})
+
+
+def gpu_name(context):
+    for key in GPU_CONTEXT_KEYS:
+        if context.get(key):
+            return str(context[key])
+    return None
+
+
+def title_for(context):
+    title = "flashlab-bench: forward TFLOP/s"
+    gpu = gpu_name(context)
+    if gpu:
+        title += f" on {gpu}"
+    details = [f"{key} {context[key]}" for key in ("torch_version", "date") if context.get(key)]
+    return title + ("\n" + ", ".join(details) if details else "")
+
+
+def plot(results, context, output):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    head_dims = sorted({head_dim for head_dim, _ in results})
+    masks = [mask for mask in MASKS if any(key[1] == mask for key in results)]
+    implementations = sorted({name for lines in results.values() for name in lines},
+                             key=lambda name: (name.startswith("sdpa_"), name))
+    colors = plt.get_cmap("tab10")
+    color_of = {name: colors(index % 10) for index, name in enumerate(implementations)}
+    peak = float(context.get("matmul_peak_tflops", 0) or 0)
+
+    figure, axes = plt.subplots(len(head_dims), len(masks), squeeze=False, sharey=True,
+                                figsize=(5.5 * len(masks), 3.8 * len(head_dims)))
+    for row, head_dim in enumerate(head_dims):
+        for col, mask in enumerate(masks):
+            axis = axes[row][col]
+            lines = results.get((head_dim, mask), {})
+            seqlens = sorted({seqlen for points in lines.values() for seqlen in points})
+            for name in implementations:
+                points = lines.get(name)
+                if not points:
+                    continue
+                xs = sorted(points)
+                axis.plot(xs, [points[x] for x in xs], marker="o", markersize=3, label=name,
+                          color=color_of[name], linestyle="--" if name.startswith("sdpa_") else "-")
+            if peak > 0:
+                axis.axhline(peak, color="grey", linestyle=":", linewidth=1)
+            axis.set_xscale("log", base=2)
+            if seqlens:
+                axis.set_xticks(seqlens)
+                axis.set_xticklabels([str(seqlen) for seqlen in seqlens], rotation=45)
+            axis.set_title(f"head_dim {head_dim}, {mask}")
+            axis.set_xlabel("seqlen")
+            if col == 0:
+                axis.set_ylabel("TFLOP/s")
+            axis.grid(True, which="major", alpha=0.3)
+    handles = [plt.Line2D([], [], color=color_of[name],
+                          linestyle="--" if name.startswith("sdpa_") else "-", marker="o",
+                          markersize=3, label=name) for name in implementations]
+    if peak > 0:
+        handles.append(plt.Line2D([], [], color="grey", linestyle=":",
+                                  label=f"matmul peak {peak:.0f}"))
+    figure.suptitle(title_for(context))
+    figure.tight_layout()
+    # Below the subplots; bbox_inches="tight" grows the image to fit it.
+    figure.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0), frameon=False,
+                  ncol=min(len(handles), 3 * len(masks)))
+    figure.savefig(output, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("json", help="Google Benchmark JSON from flashlab-bench --benchmark_out")
+    parser.add_argument("-o", "--output", default="bench.png", help="PNG to write (default bench.png)")
+    arguments = parser.parse_args()
+    try:
+        results, context = load_results(arguments.json)
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"plot_bench: cannot read {arguments.json}: {error}", file=sys.stderr)
+        return 2
+    if not results:
+        print(f"plot_bench: no successful flashlab-bench entries in {arguments.json}", file=sys.stderr)
+        return 1
+    try:
+        plot(results, context, arguments.output)
+    except ImportError:
+        print("plot_bench: needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 2
+    print(f"plot_bench: wrote {arguments.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+// fa1_scalar: the FlashAttention-1 forward pass in plain float32 scalar code.
+//
+// Algorithm: one thread owns one query row. The block stages its Q tile
+// (kBlockQ rows) in shared memory once, then walks the key/value sequence in
+// tiles of kBlockK rows: all threads copy a K and a V tile to shared memory
+// (converted to float32), each thread scores its row against the tile, and
+// updates its online-softmax state (running max m, running sum l) and its
+// output accumulator, rescaling both when m grows.
+//
+// Tiling: kBlockQ = 64 rows per block (64 threads), kBlockK = 32 keys per step,
+// head_dim padded up to 32, 64 or 128 (one instantiation each) so the output
+// accumulator stays in registers.
+//
+// Limits: head_dim <= 128; float32, float16 and bfloat16 inputs; any seqlens,
+// causal and sliding windows (bottom-right aligned), GQA/MQA, strided inputs,
+// variable-length batches, optional tile tracing. Meant for reading and
+// stepping through in cuda-gdb, not for speed.
+//
+// kPlantedRowMaxBug (test-only instantiation, see fa1_scalar_planted_bug.cu)
+// round-trips the running max through shared memory with a wrong index, the
+// classic FlashAttention bug: the first key tile is right, everything after it
+// is wrong.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <string>
+
+#include "flashlab/cuda_check.h"
+#include "flashlab/kernel_registry.h"
+
+namespace flashlab {
+namespace fa1_scalar {
+
+constexpr int kBlockQ = 64;
+constexpr int kBlockK = 32;
+constexpr int kMaxHeadDim = 128;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Visible key range [first, last] for query row `row` of a sequence pair.
+struct KeyRange {
+  int first;
+  int last;  // inclusive; last < first means the row sees no key
+};
+
+__device__ __forceinline__ KeyRange visible_keys(int row, int seqlen_q, int seqlen_k,
+                                                 int window_left, int window_right) {
+  const int diagonal = row + seqlen_k - seqlen_q;
+  KeyRange range{0, seqlen_k - 1};
+  if (window_left >= 0) range.first = max(range.first, diagonal - window_left);
+  if (window_right >= 0) range.last = min(range.last, diagonal + window_right);
+  return range;
+}
+
+template <typename Element, int kHeadDimPadded, bool kPlantedRowMaxBug>
+__global__ void __launch_bounds__(kBlockQ)
+    fa1_scalar_kernel(const AttentionParams params) {
+  // Rows of Q are padded by one float so that threads reading the same column
+  // of different rows hit different banks.
+  extern __shared__ float shared[];
+  constexpr int kQStride = kHeadDimPadded + 1;
+  float* q_tile = shared;                             // [kBlockQ][kQStride]
+  float* k_tile = q_tile + kBlockQ * kQStride;        // [kBlockK][kHeadDimPadded]
+  float* v_tile = k_tile + kBlockK * kHeadDimPadded;  // [kBlockK][kHeadDimPadded]
+  float* score_tile = v_tile + kBlockK * kHeadDimPadded;  // [kBlockQ][kBlockK + 1]
+  float* row_max_store = score_tile + kBlockQ * (kBlockK + 1);  // [kBlockQ], planted bug only
+
+  const int query_tile = blockIdx.x;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / (params.heads / params.kv_heads);
+  const int head_dim = params.head_dim;
+
+  int seqlen_q = params.seqlen_q, seqlen_k = params.seqlen_k;
+  int64_t q_row0 = 0, k_row0 = 0;  // first token of this batch entry
+  int64_t q_batch_offset = batch * params.q_batch_stride;
+  int64_t k_batch_offset = batch * params.k_batch_stride;
+  int64_t v_batch_offset = batch * params.v_batch_stride;
+  int64_t out_batch_offset = batch * params.out_batch_stride;
+  if (params.is_varlen()) {
+    q_row0 = params.cu_seqlens_q[batch];
+    k_row0 = params.cu_seqlens_k[batch];
+    seqlen_q = params.cu_seqlens_q[batch + 1] - q_row0;
+    seqlen_k = params.cu_seqlens_k[batch + 1] - k_row0;
+    q_batch_offset = q_row0 * params.q_row_stride;
+    k_batch_offset = k_row0 * params.k_row_stride;
+    v_batch_offset = k_row0 * params.v_row_stride;
+    out_batch_offset = q_row0 * params.out_row_stride;
+  }
+  const int tile_row0 = query_tile * kBlockQ;
+  if (tile_row0 >= seqlen_q) return;  // varlen: this entry is shorter than the grid
+
+  const Element* q = static_cast<const Element*>(params.q) + q_batch_offset +
+                     head * params.q_head_stride;
+  const Element* k = static_cast<const Element*>(params.k) + k_batch_offset +
+                     kv_head * params.k_head_stride;
+  const Element* v = static_cast<const Element*>(params.v) + v_batch_offset +
+                     kv_head * params.v_head_stride;
+  Element* out = static_cast<Element*>(params.out) + out_batch_offset +
+                 head * params.out_head_stride;
+
+  // Stage the Q tile; rows past the sequence are zero so they stay finite.
+  for (int index = threadIdx.x; index < kBlockQ * kHeadDimPadded; index += blockDim.x) {
+    const int r = index / kHeadDimPadded, c = index % kHeadDimPadded;
+    const int row = tile_row0 + r;
+    q_tile[r * kQStride + c] =
+        (row < seqlen_q && c < head_dim) ? to_float(q[row * params.q_row_stride + c]) : 0.f;
+  }
+
+  const int my_row = tile_row0 + threadIdx.x;
+  const bool row_in_range = my_row < seqlen_q;
+  const KeyRange my_keys =
+      visible_keys(my_row, seqlen_q, seqlen_k, params.window_left, params.window_right);
+
+  // Key tiles any row of this block can see; tiles outside are skipped whole.
+  const int last_row = min(tile_row0 + kBlockQ, seqlen_q) - 1;
+  const KeyRange first_row_keys =
+      visible_keys(tile_row0, seqlen_q, seqlen_k, params.window_left, params.window_right);
+  const KeyRange last_row_keys =
+      visible_keys(last_row, seqlen_q, seqlen_k, params.window_left, params.window_right);
+  const int key_tile_begin = max(first_row_keys.first, 0) / kBlockK;
+  const int key_tile_end =
+      last_row_keys.last < 0 ? 0 : min(last_row_keys.last / kBlockK + 1, (seqlen_k + kBlockK - 1) / kBlockK);
+
+  float running_max = -INFINITY;  // m
+  float running_sum = 0.f;        // l, relative to exp(m)
+  float accumulator[kHeadDimPadded];
+#pragma unroll
+  for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] = 0.f;
+
+  const float* my_q = q_tile + threadIdx.x * kQStride;
+
+  for (int key_tile = key_tile_begin; key_tile < key_tile_end; ++key_tile) {
+    const int key0 = key_tile * kBlockK;
+    if constexpr (kPlantedRowMaxBug) {
+      if (key_tile > key_tile_begin) {
+        // Stored at the neighbouring row's slot: every tile after the first
+        // continues from another row's max.
+        row_max_store[(threadIdx.x + 1) % kBlockQ] = running_max;
+        __syncthreads();
+        running_max = row_max_store[threadIdx.x];
+      }
+    }
+    __syncthreads();  // the previous tile is no longer being read
+    for (int index = threadIdx.x; index < kBlockK * kHeadDimPadded; index += blockDim.x) {
+      const int r = index / kHeadDimPadded, c = index % kHeadDimPadded;
+      const int key = key0 + r;
+      const bool valid = key < seqlen_k && c < head_dim;
+      k_tile[index] = valid ? to_float(k[key * params.k_row_stride + c]) : 0.f;
+      v_tile[index] = valid ? to_float(v[key * params.v_row_stride + c]) : 0.f;
+    }
+    __syncthreads();
+
+    // Scores live in shared memory (one padded row per thread): a register
+    // array indexed by key would need the key loop unrolled, which makes this
+    // file take minutes to compile.
+    float* my_scores = score_tile + threadIdx.x * (kBlockK + 1);
+    float tile_max = -INFINITY;
+#pragma unroll 1
+    for (int j = 0; j < kBlockK; ++j) {
+      const int key = key0 + j;
+      float score = -INFINITY;
+      if (row_in_range && key >= my_keys.first && key <= my_keys.last) {
+        float dot = 0.f;
+#pragma unroll 16
+        for (int c = 0; c < kHeadDimPadded; ++c) dot += my_q[c] * k_tile[j * kHeadDimPadded + c];
+        score = dot * params.softmax_scale;
+      }
+      my_scores[j] = score;
+      tile_max = fmaxf(tile_max, score);
+    }
+
+    const float new_max = fmaxf(running_max, tile_max);
+    if (new_max != -INFINITY) {  // otherwise every key so far is masked: nothing to add
+      const float rescale = expf(running_max - new_max);  // 0 when running_max is -inf
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
+#pragma unroll 1
+      for (int j = 0; j < kBlockK; ++j) {
+        const float probability = expf(my_scores[j] - new_max);  // 0 for masked keys
+        tile_sum += probability;
+#pragma unroll
+        for (int c = 0; c < kHeadDimPadded; ++c)
+          accumulator[c] += probability * v_tile[j * kHeadDimPadded + c];
+      }
+      running_sum = running_sum * rescale + tile_sum;
+      running_max = new_max;
+    }
+
+    // cuda-gdb: the online-softmax state of this row after key_tile (tests/debug uses this line).
+    if (params.trace.enabled() && row_in_range) {
+      const int64_t index =
+          ((static_cast<int64_t>(batch) * params.heads + head) * params.seqlen_q + my_row) *
+              params.trace.num_key_tiles + key_tile;
+      params.trace.row_max[index] = running_max;
+      params.trace.row_sum[index] = running_sum;
+    }
+  }
+
+  if (!row_in_range) return;
+  // A row that saw no key (fully masked) gets output 0 and LSE -inf.
+  const float inverse_sum = running_sum > 0.f ? 1.f / running_sum : 0.f;
+  Element* my_out = out + my_row * params.out_row_stride;
+#pragma unroll
+  for (int c = 0; c < kHeadDimPadded; ++c)
+    if (c < head_dim) my_out[c] = from_float<Element>(accumulator[c] * inverse_sum);
+  const int64_t lse_index = batch * params.lse_batch_stride + head * params.lse_head_stride +
+                            q_row0 + my_row;
+  params.lse[lse_index] = running_sum > 0.f ? running_max + logf(running_sum) : -INFINITY;
+}
+
+template <typename Element, int kHeadDimPadded, bool kPlantedRowMaxBug>
+void launch_with_head_dim(const AttentionParams& params) {
+  const int shared_bytes =
+      static_cast<int>(sizeof(float)) * (kBlockQ * (kHeadDimPadded + 1) +
+                                         2 * kBlockK * kHeadDimPadded + kBlockQ * (kBlockK + 1) +
+                                         (kPlantedRowMaxBug ? kBlockQ : 0));
+  auto kernel = fa1_scalar_kernel<Element, kHeadDimPadded, kPlantedRowMaxBug>;
+  // Above 48 KB a kernel must opt in to the larger dynamic shared memory limit.
+  FLASHLAB_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  const dim3 grid((params.seqlen_q + kBlockQ - 1) / kBlockQ, params.heads, params.batch);
+  kernel<<<grid, kBlockQ, shared_bytes, static_cast<cudaStream_t>(params.stream)>>>(params);
+  FLASHLAB_CHECK_LAUNCH("fa1_scalar", params);
+}
+
+template <typename Element, bool kPlantedRowMaxBug>
+void launch_with_element(const AttentionParams& params) {
+  if (params.head_dim <= 32)
+    launch_with_head_dim<Element, 32, kPlantedRowMaxBug>(params);
+  else if (params.head_dim <= 64)
+    launch_with_head_dim<Element, 64, kPlantedRowMaxBug>(params);
+  else
+    launch_with_head_dim<Element, 128, kPlantedRowMaxBug>(params);
+}
+
+template <bool kPlantedRowMaxBug>
+void launch(const AttentionParams& params) {
+  switch (params.dtype) {
+    case DataType::float32: return launch_with_element<float, kPlantedRowMaxBug>(params);
+    case DataType::float16: return launch_with_element<__half, kPlantedRowMaxBug>(params);
+    case DataType::bfloat16: return launch_with_element<__nv_bfloat16, kPlantedRowMaxBug>(params);
+  }
+}
+
+inline std::string unsupported_reason(const AttentionParams& params) {
+  if (params.head_dim < 1 || params.head_dim > kMaxHeadDim)
+    return "fa1_scalar supports head_dim 1 to " + std::to_string(kMaxHeadDim) + ", got " +
+           std::to_string(params.head_dim);
+  if (params.heads > 65535 || params.batch > 65535)  // grid y and z limits
+    return "fa1_scalar supports at most 65535 heads and 65535 batches; got " +
+           std::to_string(params.heads) + " and " + std::to_string(params.batch);
+  return {};
+}
+
+inline TileShape tile_shape(const AttentionParams&) { return {kBlockQ, kBlockK}; }
+
+}  // namespace fa1_scalar
+}  // namespace flashlab

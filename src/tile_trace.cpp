@@ -1,0 +1,169 @@
+#include "flashlab/tile_trace.h"
+
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "flashlab/cuda_check.h"
+#include "flashlab/reference.h"
+
+namespace flashlab {
+namespace {
+
+constexpr double kMinusInfinity = -std::numeric_limits<double>::infinity();
+
+// m and l are accumulated in float32 by kernels; the reference is float64.
+constexpr double kRelativeTolerance = 1e-3;
+
+at::Tensor states_differ(const at::Tensor& actual, const at::Tensor& expected) {
+  const at::Tensor both_minus_infinity = (actual == kMinusInfinity) & (expected == kMinusInfinity);
+  const at::Tensor error = (actual - expected).abs();
+  const at::Tensor too_far = error > kRelativeTolerance * (1 + expected.abs());
+  return (too_far | at::isnan(error)) & both_minus_infinity.logical_not();
+}
+
+}  // namespace
+
+ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k, double softmax_scale,
+                                        int window_left, int window_right, int block_k) {
+  const int64_t heads = q.size(2), kv_heads = k.size(2), seqlen_q = q.size(1), seqlen_k = k.size(1);
+  const int64_t key_tiles = (seqlen_k + block_k - 1) / block_k;
+  const at::Tensor query = q.to(at::kDouble).transpose(1, 2);
+  const at::Tensor key = k.to(at::kDouble).transpose(1, 2).repeat_interleave(heads / kv_heads, 1);
+  at::Tensor scores = at::matmul(query, key.transpose(-2, -1)) * softmax_scale;
+  const at::Tensor visible = visibility_mask(seqlen_q, seqlen_k, window_left, window_right, q.device());
+  scores = scores.masked_fill(visible.logical_not(), kMinusInfinity);
+  // Pad the key axis to whole tiles with masked keys: (B, H, Sq, tiles, block_k).
+  scores = at::constant_pad_nd(scores, {0, key_tiles * block_k - seqlen_k}, kMinusInfinity)
+               .view({scores.size(0), heads, seqlen_q, key_tiles, block_k});
+  const at::Tensor tile_max = std::get<0>(scores.max(-1));
+  const at::Tensor finite_tile = at::isfinite(tile_max);
+  const at::Tensor safe_tile_max = at::where(finite_tile, tile_max, at::zeros_like(tile_max));
+  const at::Tensor tile_sum = at::where(
+      finite_tile, at::exp(scores - safe_tile_max.unsqueeze(-1)).sum(-1), at::zeros_like(tile_max));
+
+  // The online recurrence, tile by tile, in float64.
+  std::vector<at::Tensor> maxima, sums;
+  at::Tensor running_max = at::full_like(tile_max.select(-1, 0), kMinusInfinity);
+  at::Tensor running_sum = at::zeros_like(running_max);
+  for (int64_t tile = 0; tile < key_tiles; ++tile) {
+    const at::Tensor this_max = tile_max.select(-1, tile);
+    const at::Tensor new_max = at::maximum(running_max, this_max);
+    const at::Tensor seen = at::isfinite(new_max);
+    const at::Tensor safe_new = at::where(seen, new_max, at::zeros_like(new_max));
+    auto rescaled = [&](const at::Tensor& from_max, const at::Tensor& value) {
+      return at::where(at::isfinite(from_max), value * at::exp(from_max - safe_new), at::zeros_like(value));
+    };
+    running_sum = at::where(seen, rescaled(running_max, running_sum) +
+                                      rescaled(this_max, tile_sum.select(-1, tile)),
+                            at::zeros_like(running_sum));
+    running_max = new_max;
+    maxima.push_back(running_max);
+    sums.push_back(running_sum);
+  }
+  return {at::stack(maxima, -1), at::stack(sums, -1)};
+}
+
+TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel) {
+  TORCH_CHECK(kernel.supports_tile_trace, "kernel ", kernel.name,
+              " does not record tile states (KernelVariant::supports_tile_trace)");
+  const std::string unavailable = cuda_unavailable_reason();
+  TORCH_CHECK(unavailable.empty(), "tile tracing needs a GPU: ", unavailable);
+  const at::Device device(at::kCUDA, 0);
+  const ProblemInputs inputs = make_inputs(spec, device);
+  AttentionOptions options = spec.attention_options();
+  options.kernel = kernel.name;
+  options.allow_test_only_kernels = true;
+  const AttentionParams params = make_params(inputs.q, inputs.k, inputs.v, {}, {}, options);
+
+  TileTraceReport report;
+  report.kernel = kernel.name;
+  report.problem = spec.describe();
+  report.tiles = kernel.tile_shape(params);
+  report.key_tiles = (spec.seqlen_k + report.tiles.block_k - 1) / report.tiles.block_k;
+  const auto float_options = inputs.q.options().dtype(at::kFloat);
+  // NaN marks (row, tile) states the kernel never wrote: tiles skipped whole.
+  const at::Tensor row_max = at::full({spec.batch, spec.heads, spec.seqlen_q, report.key_tiles},
+                                      std::numeric_limits<double>::quiet_NaN(), float_options);
+  const at::Tensor row_sum = at::full_like(row_max, std::numeric_limits<double>::quiet_NaN());
+  options.trace.row_max = row_max.data_ptr<float>();
+  options.trace.row_sum = row_sum.data_ptr<float>();
+  options.trace.num_key_tiles = static_cast<int>(report.key_tiles);
+  const AttentionOutput output = attention_forward(inputs.q, inputs.k, inputs.v, options);
+  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const ExpectedTileStates expected = expected_tile_states(
+      inputs.q, inputs.k, params.softmax_scale, params.window_left, params.window_right,
+      report.tiles.block_k);
+  const at::Tensor recorded = at::isnan(row_max).logical_not();
+  const at::Tensor max_differs = states_differ(row_max.to(at::kDouble), expected.row_max) & recorded;
+  const at::Tensor sum_differs = states_differ(row_sum.to(at::kDouble), expected.row_sum) & recorded;
+  report.recorded = recorded.sum().item<int64_t>();
+  report.differing = (max_differs | sum_differs).sum().item<int64_t>();
+  if (report.differing == 0) return report;
+
+  // The earliest key tile where any row departs is where the bug starts; within
+  // it a wrong running max comes before a wrong sum (l is rescaled by m).
+  const at::Tensor any_differs = (max_differs | sum_differs).permute({3, 0, 1, 2}).cpu();
+  const int64_t key_tile = any_differs.nonzero().select(0, 0)[0].item<int64_t>();
+  const at::Tensor max_in_tile = max_differs.select(3, key_tile).cpu();
+  const bool max_is_wrong = max_in_tile.any().item<bool>();
+  const at::Tensor first = (max_is_wrong ? max_in_tile : sum_differs.select(3, key_tile).cpu())
+                               .nonzero()
+                               .select(0, 0);
+  TileStateDifference difference;
+  difference.key_tile = key_tile;
+  difference.batch = first[0].item<int64_t>();
+  difference.head = first[1].item<int64_t>();
+  difference.row = first[2].item<int64_t>();
+  difference.statistic = max_is_wrong ? "m" : "l";
+  const at::Tensor& kernel_values = max_is_wrong ? row_max : row_sum;
+  const at::Tensor& expected_values = max_is_wrong ? expected.row_max : expected.row_sum;
+  difference.kernel_value =
+      kernel_values[difference.batch][difference.head][difference.row][difference.key_tile].item<double>();
+  difference.expected_value =
+      expected_values[difference.batch][difference.head][difference.row][difference.key_tile].item<double>();
+  report.first_difference = difference;
+  return report;
+}
+
+std::pair<double, double> expected_state_at(const ProblemSpec& spec, int block_k, int64_t batch,
+                                            int64_t head, int64_t row, int64_t key_tile) {
+  const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+  const AttentionParams params =
+      make_params(inputs.q, inputs.k, inputs.v, {}, {}, spec.attention_options());
+  const ExpectedTileStates expected =
+      expected_tile_states(inputs.q, inputs.k, params.softmax_scale, params.window_left,
+                           params.window_right, block_k);
+  return {expected.row_max[batch][head][row][key_tile].item<double>(),
+          expected.row_sum[batch][head][row][key_tile].item<double>()};
+}
+
+std::string TileTraceReport::format() const {
+  std::ostringstream text;
+  text << std::setprecision(7);
+  text << "tile-state diff: kernel " << kernel << " (block_q " << tiles.block_q << ", block_k "
+       << tiles.block_k << ", " << key_tiles << " key tiles)\n"
+       << "problem " << problem << "\n"
+       << recorded << " recorded (row, key tile) states compared with float64 online softmax, "
+       << differing << " differ\n";
+  if (first_difference) {
+    const auto& d = *first_difference;
+    text << "first difference: key tile " << d.key_tile << " (keys " << d.key_tile * tiles.block_k
+         << ".." << (d.key_tile + 1) * tiles.block_k - 1 << "), batch " << d.batch << ", head "
+         << d.head << ", row " << d.row << " (query tile " << d.row / tiles.block_q
+         << "), statistic " << d.statistic << (d.statistic == "m" ? " (running max)" : " (running sum)")
+         << ": kernel " << d.kernel_value << ", expected " << d.expected_value << "\n";
+    if (d.key_tile > 0)
+      text << "every state up to key tile " << d.key_tile - 1
+           << " matches: look at what carries the state from one key tile to the next\n";
+  } else if (recorded > 0) {
+    text << "all recorded states match\n";
+  }
+  return text.str();
+}
+
+}  // namespace flashlab

@@ -2,12 +2,12 @@
 # One call on a GPU machine: set-up, configure + build (release), the test
 # suite, the acceptance run and a benchmark, with logs under $OUT (or ./gpu-logs).
 # Usage: scripts/gpu_session.sh [step...]
-#   steps: build test run info trace memory sanitizer debug bench (default: all of them)
+#   steps: build test run info trace memory sanitizer debug bench sweep (default: all of them)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
-steps=${*:-build test run info trace memory sanitizer debug bench}
+steps=${*:-build test run info trace memory sanitizer debug bench sweep}
 jobs=$(nproc)
 status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
@@ -71,7 +71,7 @@ if has sanitizer; then
   section "compute-sanitizer"
   start=$(date +%s)
   ctest --preset release -L sanitizer -j 4 --timeout 900 -V > "$out/sanitizer.log" 2>&1 || status=1
-  grep -E ": [0-9]+ runs|FAIL |tests passed|tests failed" "$out/sanitizer.log" | sed 's/^[0-9]*: //' | head -n 20
+  grep -E ": [0-9]+ runs|FAIL |=========  |tests passed|tests failed" "$out/sanitizer.log" | sed "s/^[0-9]*: //" | head -n 40
   grep -m 2 "ok   racecheck" "$out/sanitizer.log" | sed 's/^[0-9]*: //'
   echo "sanitizer: $(( $(date +%s) - start )) s"
 fi
@@ -88,8 +88,14 @@ fi
 
 if has bench; then
   section "flashlab-bench"
-  build/release/flashlab-bench ${BENCH_ARGS:---head-dims=64 --seqlens=1024,4096} \
+  build/release/flashlab-bench ${BENCH_ARGS:-} \
     --benchmark_out="$out/bench.json" --benchmark_out_format=json > "$out/bench.log" 2>&1 || status=1
   sed -n '/matmul peak measured/,$p' "$out/bench.log"
+fi
+if has sweep; then
+  section "flashlab-bench --sweep (fa2 tile configurations)"
+  build/release/flashlab-bench --sweep --head-dims=64,128 --seqlens=4096 \
+    --benchmark_out="$out/sweep.json" --benchmark_out_format=json > "$out/sweep.log" 2>&1 || status=1
+  sed -n '/matmul peak measured/,$p' "$out/sweep.log"
 fi
 exit $status

@@ -35,7 +35,9 @@ const std::vector<KernelVariant>& registered_kernels();
 // Kernels with planted bugs that exist to prove the debugging tools work. Never
 // iterated by the tests' kernel matrix or the benchmark, never picked by "auto".
 const std::vector<KernelVariant>& test_only_kernels();
-// nullptr when no kernel has that name; test-only kernels only when asked for.
+// Tile configurations for the benchmark's --sweep; never in the tests' matrix or "auto".
+const std::vector<KernelVariant>& tuning_kernels();
+// nullptr when no kernel has that name; test-only and tuning kernels only when asked for.
 const KernelVariant* find_kernel(std::string_view name, bool include_test_only = false);
 std::string registered_kernel_names();  // "fa1_scalar, fa2_mma_sm80"
 

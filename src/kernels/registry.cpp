@@ -9,6 +9,7 @@ namespace flashlab {
 KernelVariant fa1_scalar_variant();
 KernelVariant fa2_mma_sm80_variant();
 KernelVariant fa1_scalar_planted_bug_variant();
+std::vector<KernelVariant> fa2_mma_sm80_tuning_variants();
 
 const std::vector<KernelVariant>& registered_kernels() {
   // "auto" picks the first kernel that supports a problem: fastest first.
@@ -26,15 +27,22 @@ const std::vector<KernelVariant>& test_only_kernels() {
   return kernels;
 }
 
+const std::vector<KernelVariant>& tuning_kernels() {
+  // Alternative tilings of registered kernels, for flashlab-bench --sweep.
+  static const std::vector<KernelVariant> kernels = fa2_mma_sm80_tuning_variants();
+  return kernels;
+}
+
 const KernelVariant* find_kernel(std::string_view name, bool include_test_only) {
   auto named = [&](const KernelVariant& kernel) { return kernel.name == name; };
   const auto& kernels = registered_kernels();
   if (auto found = std::find_if(kernels.begin(), kernels.end(), named); found != kernels.end())
     return &*found;
   if (!include_test_only) return nullptr;
-  const auto& test_only = test_only_kernels();
-  auto found = std::find_if(test_only.begin(), test_only.end(), named);
-  return found == test_only.end() ? nullptr : &*found;
+  for (const auto* list : {&test_only_kernels(), &tuning_kernels()})
+    if (auto found = std::find_if(list->begin(), list->end(), named); found != list->end())
+      return &*found;
+  return nullptr;
 }
 
 std::string registered_kernel_names() {

@@ -7,6 +7,13 @@
 //   --head-dims=64,128  --seqlens=1024,4096,16384  --tokens=32768 (batch = tokens / seqlen)
 //   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=bf16|fp16  --causal=both|on|off
 //   --kernels=all|name,name  --backends=all|flash,cudnn,efficient,math|none
+//   --sweep: instead of the registered kernels and all SDPA backends, every
+//     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
+//     block sizes, warps, stages, Q in registers or shared memory; --kernels
+//     filters them) plus sdpa_flash as the yardstick (--backends overrides it).
+//     Each configuration first has to pass flashlab::check_kernel on a small
+//     odd causal problem (batch 1, 2 heads, seqlen 257 x 300, its head dim, the
+//     bench dtype); one that fails is reported with the reason and not timed.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>
@@ -20,7 +27,9 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,6 +51,8 @@ struct BenchConfig {
   std::vector<bool> causal = {false, true};
   std::vector<std::string> kernels;  // empty: all registered
   std::vector<std::string> backends = {"flash", "cudnn", "efficient", "math"};
+  bool backends_given = false;
+  bool sweep = false;  // tuning_kernels() instead of registered_kernels()
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -75,11 +86,14 @@ BenchConfig parse_own_flags(int& argc, char** argv) {
     else if (auto v = value_of("--causal"))
       config.causal = *v == "on" ? std::vector<bool>{true} : *v == "off" ? std::vector<bool>{false} : std::vector<bool>{false, true};
     else if (auto v = value_of("--kernels")) config.kernels = *v == "all" ? std::vector<std::string>{} : split(*v);
-    else if (auto v = value_of("--backends"))
+    else if (auto v = value_of("--backends")) {
       config.backends = *v == "all" ? BenchConfig{}.backends : *v == "none" ? std::vector<std::string>{} : split(*v);
+      config.backends_given = true;
+    } else if (argument == "--sweep") config.sweep = true;
     else argv[kept++] = argv[index];
   }
   argc = kept;
+  if (config.sweep && !config.backends_given) config.backends = {"flash"};
   return config;
 }
 
@@ -131,6 +145,55 @@ double measure_matmul_peak_tflops() {
   std::vector<float> times;
   for (int repeat = 0; repeat < 10; ++repeat) times.push_back(timer.time_ms([&] { at::mm_out(c, a, b); }));
   return 2.0 * n * n * double(n) / (median(times) * 1e-3) / 1e12;
+}
+
+// Kernels that failed the pre-sweep correctness check: name -> reason. A
+// failing kernel is reported, never timed, so a wrong result cannot post a time.
+std::map<std::string, std::string> failed_check;
+
+// Runs each tuning configuration once on a small odd problem (partial tiles in
+// both dimensions, seqlen_q != seqlen_k, causal) and records those that fail.
+void check_tuning_kernels(const BenchConfig& config) {
+  for (const auto& kernel : flashlab::tuning_kernels()) {
+    if (!config.kernels.empty() &&
+        std::find(config.kernels.begin(), config.kernels.end(), kernel.name) == config.kernels.end())
+      continue;
+    for (const int head_dim : config.head_dims) {
+      ProblemSpec spec;
+      spec.kernel = kernel.name;
+      spec.batch = 1;
+      spec.heads = spec.kv_heads = 2;
+      spec.seqlen_q = 257;
+      spec.seqlen_k = 300;
+      spec.head_dim = head_dim;
+      spec.dtype = config.dtype;
+      spec.causal = true;
+      spec.seed = 257;
+      if (!flashlab::unsupported_reason(kernel, spec).empty()) continue;  // another head dim's
+      std::string failure;
+      try {
+        const flashlab::CheckResult result = flashlab::check_kernel(spec);
+        if (!result.passed()) {
+          std::ostringstream text;
+          text << "failed the correctness check (" << spec.describe() << "): max |out err| "
+               << result.out.max_abs_error << " (tolerance " << result.out.tolerance << "), "
+               << result.out.over_tolerance << " over, " << result.out.nan_count << " NaN; max |lse err| "
+               << result.lse.max_abs_error << ", " << result.lse.over_tolerance << " over";
+          failure = text.str();
+        }
+      } catch (const std::exception& error) {
+        std::string message = error.what();
+        if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))
+          message = torch_error->what_without_backtrace();
+        failure = "failed the correctness check: " + message.substr(0, message.find('\n'));
+        cudaGetLastError();
+      }
+      std::printf("correctness check d%d %-40s %s\n", head_dim, kernel.name.c_str(),
+                  failure.empty() ? "passed" : failure.c_str());
+      if (!failure.empty()) failed_check[kernel.name] = failure;
+    }
+  }
+  std::fflush(stdout);
 }
 
 struct Measurement {
@@ -187,6 +250,8 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
                    const std::string& implementation, const ProblemSpec& spec) {
   Measurement measurement{case_name, implementation};
   try {
+    if (auto failed = failed_check.find(implementation); failed != failed_check.end())
+      throw std::runtime_error(failed->second);
     if (implementation == "sdpa_math") {
       // The math path materializes (batch, heads, Sq, Sk) scores several times over.
       const double score_bytes = 4.0 * spec.batch * spec.heads * spec.seqlen_q * double(spec.seqlen_k);
@@ -236,7 +301,9 @@ void print_summary(const BenchConfig& config) {
     if (by_case.find(m.case_name) == by_case.end()) case_order.push_back(m.case_name);
     by_case[m.case_name][m.implementation] = &m;
   }
-  std::printf("%-44s %-16s %10s %9s %7s %9s %9s\n", "case", "implementation", "median ms", "TFLOP/s",
+  int width = 16;  // the implementation column fits the longest name (tuning names run to ~40)
+  for (const auto& m : measurements) width = std::max(width, static_cast<int>(m.implementation.size()));
+  std::printf("%-44s %-*s %10s %9s %7s %9s %9s\n", "case", width, "implementation", "median ms", "TFLOP/s",
               "% peak", "vs flash", "vs cudnn");
   for (const auto& case_name : case_order) {
     const auto& row = by_case[case_name];
@@ -248,18 +315,18 @@ void print_summary(const BenchConfig& config) {
     for (const auto& m : measurements) {
       if (m.case_name != case_name) continue;
       if (!m.error.empty()) {
-        std::printf("%-44s %-16s   %s\n", case_name.c_str(), m.implementation.c_str(), m.error.substr(0, 90).c_str());
+        std::printf("%-44s %-*s   %s\n", case_name.c_str(), width, m.implementation.c_str(),
+                    m.error.substr(0, config.sweep ? 200 : 90).c_str());
         continue;
       }
       char flash_ratio[16] = "-", cudnn_ratio[16] = "-";
       if (flash_ms > 0) std::snprintf(flash_ratio, sizeof flash_ratio, "%.2fx", flash_ms / m.median_ms);
       if (cudnn_ms > 0) std::snprintf(cudnn_ratio, sizeof cudnn_ratio, "%.2fx", cudnn_ms / m.median_ms);
-      std::printf("%-44s %-16s %10.3f %9.1f %6.1f%% %9s %9s\n", case_name.c_str(), m.implementation.c_str(),
+      std::printf("%-44s %-*s %10.3f %9.1f %6.1f%% %9s %9s\n", case_name.c_str(), width, m.implementation.c_str(),
                   m.median_ms, m.tflops, 100 * m.tflops / matmul_peak_tflops, flash_ratio, cudnn_ratio);
     }
   }
   std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row)\n");
-  (void)config;
 }
 
 }  // namespace
@@ -279,12 +346,19 @@ int main(int argc, char** argv) {
     std::cerr << "flashlab-bench: cannot run: " << unavailable << "\n";
     return 3;
   }
+  cudaDeviceProp properties{};
+  FLASHLAB_CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+  benchmark::AddCustomContext("gpu", properties.name);
+  if (config.sweep) {
+    benchmark::AddCustomContext("sweep", "tuning_kernels");
+    check_tuning_kernels(config);
+  }
   matmul_peak_tflops = measure_matmul_peak_tflops();
   benchmark::AddCustomContext("matmul_peak_tflops", std::to_string(matmul_peak_tflops));
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
 
   std::vector<std::string> implementations;
-  for (const auto& kernel : flashlab::registered_kernels())
+  for (const auto& kernel : config.sweep ? flashlab::tuning_kernels() : flashlab::registered_kernels())
     if (config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), kernel.name) != config.kernels.end())
       implementations.push_back(kernel.name);
   for (const auto& backend : config.backends) implementations.push_back("sdpa_" + backend);
@@ -306,7 +380,8 @@ int main(int argc, char** argv) {
         for (const auto& implementation : implementations) {
           spec.kernel = implementation.rfind("sdpa_", 0) == 0 ? "auto" : implementation;
           if (implementation.rfind("sdpa_", 0) != 0) {
-            const std::string reason = flashlab::unsupported_reason(*flashlab::find_kernel(implementation), spec);
+            const std::string reason = flashlab::unsupported_reason(
+                *flashlab::find_kernel(implementation, /*include_test_only=*/true), spec);
             if (!reason.empty()) continue;
           }
           benchmark::RegisterBenchmark((case_name + "/" + implementation).c_str(),

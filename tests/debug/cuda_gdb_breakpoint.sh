@@ -19,6 +19,7 @@ commands=$(mktemp)
 cat > "$commands" <<GDB
 set pagination off
 set confirm off
+set breakpoint pending on
 set cuda break_on_launch none
 break $(basename "$source"):$line if key_tile == $tile && threadIdx.x == $row && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0
 run $problem

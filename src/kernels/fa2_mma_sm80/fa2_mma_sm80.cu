@@ -8,7 +8,8 @@
 // Tiling: per head dim, DefaultTraits<D> in the kernel header: block_q 128 with
 // 4 warps (two m16 row slabs per warp) and block_k 64 (128 for D = 64) for
 // D <= 128; block_q 64 with 4 warps (one slab each) and block_k 32 for D = 256;
-// K/V double-buffered with cp.async.
+// K/V double-buffered with cp.async. Alternative tilings for head_dim 64 and
+// 128 (tuning only, flashlab-bench --sweep) are in fa2_mma_sm80_tuning*.
 //
 // Limits: fp16 / bf16; head_dim 32, 64, 96, 128, 256; 16-byte aligned base
 // pointers and strides that are multiples of 8 elements; no tile tracing.
@@ -21,14 +22,16 @@
 namespace flashlab {
 namespace {
 
-using fa2_mma_sm80::DefaultTraits;
-
 bool is_supported_head_dim(int head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
          head_dim == 256;
 }
 
-std::string unsupported_reason(const AttentionParams& params) {
+}  // namespace
+
+// Shared by every tile configuration, the tuning ones included
+// (fa2_mma_sm80_tuning.cu).
+std::string fa2_mma_sm80::unsupported_reason(const AttentionParams& params) {
   if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16)
     return std::string("fa2_mma_sm80 supports float16 and bfloat16 inputs; got ") +
            data_type_name(params.dtype);
@@ -64,6 +67,10 @@ std::string unsupported_reason(const AttentionParams& params) {
              "elements (16 bytes)";
   return {};
 }
+
+namespace {
+
+using fa2_mma_sm80::DefaultTraits;
 
 TileShape tile_shape(const AttentionParams& params) {
   const auto shape = [](auto traits) {
@@ -101,7 +108,7 @@ KernelVariant fa2_mma_sm80_variant() {
       "double buffering), fp16/bf16, head_dim 32/64/96/128/256, causal/window, GQA, varlen";
   variant.min_compute_capability = 80;
   variant.supports_tile_trace = false;
-  variant.unsupported_reason = unsupported_reason;
+  variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;
   variant.tile_shape = tile_shape;
   variant.launch = launch;
   return variant;

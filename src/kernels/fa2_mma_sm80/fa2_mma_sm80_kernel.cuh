@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "flashlab/cuda_check.h"
@@ -67,6 +68,11 @@ template <> struct DefaultTraits<64> { using type = Traits<64, 128, 128, 4, 2, f
 template <> struct DefaultTraits<96> { using type = Traits<96, 128, 64, 4, 2, false>; };
 template <> struct DefaultTraits<128> { using type = Traits<128, 128, 64, 4, 2, false>; };
 template <> struct DefaultTraits<256> { using type = Traits<256, 64, 32, 4, 2, false>; };
+
+// Defined in fa2_mma_sm80.cu: empty when some tile configuration can run the
+// problem (dtype, head_dim 32/64/96/128/256, compute capability, GQA ratio,
+// grid limits, 16-byte alignment), else the reason. Host only.
+std::string unsupported_reason(const AttentionParams& params);
 
 // Defined in fa2_mma_sm80_hdim<D>.cu, one head dim per file.
 template <int HeadDim>

@@ -1,0 +1,23 @@
+// fa2_mma_sm80 tuning configurations, head_dim 128 (part 2 of 2): explicit
+// instantiations (fp16 and bf16) of the FlashAttention-2 forward kernel
+// template (fa2_mma_sm80_kernel.cuh) for these tilings, defined in
+// fa2_mma_sm80_tuning.h:
+//   D128_Q128_K64_W4_S3
+//   D128_Q64_K64_W4_S2
+//   D128_Q128_K64_W8_S2
+// Tuning only (flashlab-bench --sweep); three configurations per file keep
+// each file's compile time near half a minute.
+#include "fa2_mma_sm80_tuning.h"
+
+namespace flashlab::fa2_mma_sm80::tuning {
+
+template <class Tr>
+void launch_tuning(const AttentionParams& params) {
+  launch_for_dtype<Tr>(params);
+}
+
+template void launch_tuning<D128_Q128_K64_W4_S3>(const AttentionParams& params);
+template void launch_tuning<D128_Q64_K64_W4_S2>(const AttentionParams& params);
+template void launch_tuning<D128_Q128_K64_W8_S2>(const AttentionParams& params);
+
+}  // namespace flashlab::fa2_mma_sm80::tuning

@@ -1,0 +1,23 @@
+// fa2_mma_sm80 tuning configurations, head_dim 64 (part 2 of 2): explicit
+// instantiations (fp16 and bf16) of the FlashAttention-2 forward kernel
+// template (fa2_mma_sm80_kernel.cuh) for these tilings, defined in
+// fa2_mma_sm80_tuning.h:
+//   D64_Q128_K128_W4_S3
+//   D64_Q64_K128_W4_S2
+//   D64_Q128_K128_W8_S2
+// Tuning only (flashlab-bench --sweep); three configurations per file keep
+// each file's compile time near half a minute.
+#include "fa2_mma_sm80_tuning.h"
+
+namespace flashlab::fa2_mma_sm80::tuning {
+
+template <class Tr>
+void launch_tuning(const AttentionParams& params) {
+  launch_for_dtype<Tr>(params);
+}
+
+template void launch_tuning<D64_Q128_K128_W4_S3>(const AttentionParams& params);
+template void launch_tuning<D64_Q64_K128_W4_S2>(const AttentionParams& params);
+template void launch_tuning<D64_Q128_K128_W8_S2>(const AttentionParams& params);
+
+}  // namespace flashlab::fa2_mma_sm80::tuning

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <initializer_list>
 #include <string>
 
 #include "flashlab/problem.h"
@@ -19,5 +23,11 @@ namespace flashlab::testing {
 // A fresh seed per test run, printed by the test so a failure can be replayed
 // (FLASHLAB_TEST_SEED=N pins it).
 uint64_t test_seed();
+
+// A zero-filled CPU tensor, for validation tests that never reach a kernel.
+at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kHalf);
+
+// Runs `call` and expects a c10::Error whose message holds every fragment.
+void expect_rejected(const std::function<void()>& call, std::initializer_list<std::string> fragments);
 
 }  // namespace flashlab::testing

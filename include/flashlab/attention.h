@@ -18,7 +18,7 @@ struct AttentionOptions {
   int window_left = -1;                 // -1: unbounded
   int window_right = -1;                // -1: unbounded; causal forces 0
   TileTrace trace;                      // optional per-tile state recording
-  bool allow_test_only_kernels = false;  // lets `kernel` name a test_only_kernels() entry
+  bool allow_test_only_kernels = false;  // lets `kernel` name a test_only_kernels() or tuning_kernels() entry
 };
 
 struct AttentionOutput {

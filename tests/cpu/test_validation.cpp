@@ -13,24 +13,8 @@
 namespace flashlab {
 namespace {
 
-at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kHalf) {
-  return at::zeros(shape, at::TensorOptions().dtype(dtype));
-}
-
-// Runs attention_forward and expects a c10::Error whose message holds every fragment.
-void expect_rejected(const std::function<void()>& call,
-                     std::initializer_list<std::string> fragments) {
-  try {
-    call();
-  } catch (const c10::Error& error) {
-    const std::string message = error.what_without_backtrace();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message lacks '" << fragment << "':\n" << message;
-    return;
-  }
-  ADD_FAILURE() << "expected a c10::Error";
-}
+using testing::cpu_tensor;
+using testing::expect_rejected;
 
 struct Inputs {
   at::Tensor q = cpu_tensor({2, 16, 8, 64});

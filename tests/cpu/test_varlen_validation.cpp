@@ -18,27 +18,11 @@
 namespace flashlab {
 namespace {
 
-at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kHalf) {
-  return at::zeros(shape, at::TensorOptions().dtype(dtype));
-}
+using testing::cpu_tensor;
+using testing::expect_rejected;
 
 at::Tensor offsets(std::vector<int> values, at::ScalarType dtype = at::kInt) {
   return at::tensor(values, at::TensorOptions().dtype(at::kInt)).to(dtype);
-}
-
-// Runs `call` and expects a c10::Error whose message holds every fragment.
-void expect_rejected(const std::function<void()>& call,
-                     std::initializer_list<std::string> fragments) {
-  try {
-    call();
-  } catch (const c10::Error& error) {
-    const std::string message = error.what_without_backtrace();
-    for (const auto& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos)
-          << "message lacks '" << fragment << "':\n" << message;
-    return;
-  }
-  ADD_FAILURE() << "expected a c10::Error";
 }
 
 // Three sequences: queries 5, 0, 11 (16 tokens); keys 7, 3, 0 (10 tokens).

@@ -200,14 +200,14 @@ std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& s
 }
 
 std::string cuda_unavailable_reason() {
-  if (!at::hasCUDA()) return "this torch build has no CUDA support";
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear it so later calls start clean
-    return std::string("no CUDA device (") + cudaGetErrorString(status) + ")";
+    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(status) + ")";
   }
   if (count == 0) return "no CUDA device found";
+  if (!at::hasCUDA()) return "this torch build has no CUDA support";
   return {};
 }
 

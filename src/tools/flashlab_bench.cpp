@@ -36,6 +36,7 @@
 #include "flashlab/attention.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_registry.h"
+#include "flashlab/memory_report.h"
 #include "flashlab/problem.h"
 
 namespace {
@@ -273,6 +274,8 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
     state.counters["median_ms"] = measurement.median_ms;
     state.counters["TFLOPS"] = measurement.tflops;
     state.counters["peak_fraction"] = measurement.tflops / matmul_peak_tflops;
+    // Device memory one call allocates on top of its inputs (outputs, LSE, workspaces).
+    state.counters["peak_MB"] = flashlab::peak_bytes_during(call) / 1e6;
   } catch (const std::exception& error) {
     std::string message = error.what();
     if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))

@@ -14,6 +14,7 @@ nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no GPU"; exit 77; }
 line=$(grep -n "cuda-gdb: the online-softmax state" "$source" | cut -d: -f1)
 line=$((line + 1))
 row=3 tile=1
+# The same program and arguments as .vscode/launch.json.
 problem="--kernel fa1_scalar --batch 1 --heads 2 --kv-heads 1 --seqlen-q 70 --seqlen-k 45 --head-dim 32 --dtype fp16 --seed 7 --repeat 0"
 commands=$(mktemp)
 cat > "$commands" <<GDB

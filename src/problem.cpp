@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "flashlab/cuda_check.h"
+#include "flashlab/event_timer.h"
 #include "flashlab/random_inputs.h"
 #include "flashlab/reference.h"
 
@@ -56,28 +57,6 @@ at::Tensor prefix_sums(const std::vector<int>& lengths, at::Device device) {
   return at::tensor(offsets, at::TensorOptions().dtype(at::kInt)).to(device);
 }
 
-// Median of `launches` timed calls of `launch` on the current stream, after 3 warm-ups.
-double median_launch_ms(const std::function<void()>& launch, int launches) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
-  cudaEvent_t start, stop;
-  FLASHLAB_CUDA_CHECK(cudaEventCreate(&start));
-  FLASHLAB_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int warmup = 0; warmup < 3; ++warmup) launch();
-  std::vector<float> times;
-  for (int index = 0; index < launches; ++index) {
-    FLASHLAB_CUDA_CHECK(cudaEventRecord(start, stream));
-    launch();
-    FLASHLAB_CUDA_CHECK(cudaEventRecord(stop, stream));
-    FLASHLAB_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  FLASHLAB_CUDA_CHECK(cudaEventDestroy(start));
-  FLASHLAB_CUDA_CHECK(cudaEventDestroy(stop));
-  return times[times.size() / 2];
-}
 
 }  // namespace
 
@@ -312,7 +291,7 @@ CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_opti
                                    context);
 
   if (check_options.timed_launches > 0)
-    result.kernel_ms = median_launch_ms(run_kernel, check_options.timed_launches);
+    result.kernel_ms = EventTimer().median_ms(run_kernel, check_options.timed_launches);
   return result;
 }
 

@@ -35,12 +35,15 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/cuda_check.h"
+#include "flashlab/event_timer.h"
 #include "flashlab/kernel_registry.h"
 #include "flashlab/memory_report.h"
 #include "flashlab/problem.h"
 
 namespace {
 
+using flashlab::EventTimer;
+using flashlab::median;
 using flashlab::ProblemSpec;
 
 struct BenchConfig {
@@ -104,37 +107,6 @@ double attention_flops(const ProblemSpec& spec) {
   return spec.causal ? flops / 2 : flops;
 }
 
-// Times `call` with CUDA events: warm-up, then one event pair per iteration.
-class EventTimer {
- public:
-  EventTimer() {
-    FLASHLAB_CUDA_CHECK(cudaEventCreate(&start_));
-    FLASHLAB_CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~EventTimer() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  float time_ms(const std::function<void()>& call) {
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-    FLASHLAB_CUDA_CHECK(cudaEventRecord(start_, stream));
-    call();
-    FLASHLAB_CUDA_CHECK(cudaEventRecord(stop_, stream));
-    FLASHLAB_CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return ms;
-  }
-
- private:
-  cudaEvent_t start_{}, stop_{};
-};
-
-float median(std::vector<float> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
-
 // The bf16 matmul rate this GPU reaches now, the ceiling attention is measured against.
 double measure_matmul_peak_tflops() {
   const int n = 8192;
@@ -142,10 +114,8 @@ double measure_matmul_peak_tflops() {
   const at::Tensor a = at::randn({n, n}, options), b = at::randn({n, n}, options);
   at::Tensor c = at::empty({n, n}, options);
   EventTimer timer;
-  for (int warmup = 0; warmup < 3; ++warmup) at::mm_out(c, a, b);
-  std::vector<float> times;
-  for (int repeat = 0; repeat < 10; ++repeat) times.push_back(timer.time_ms([&] { at::mm_out(c, a, b); }));
-  return 2.0 * n * n * double(n) / (median(times) * 1e-3) / 1e12;
+  const float ms = timer.median_ms([&] { at::mm_out(c, a, b); }, 10);
+  return 2.0 * n * n * double(n) / (ms * 1e-3) / 1e12;
 }
 
 // Kernels that failed the pre-sweep correctness check: name -> reason. A

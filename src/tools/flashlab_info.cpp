@@ -1,6 +1,7 @@
 // flashlab-info: what this GPU is, what it can do, what it measures, and which
 // registered kernels can run on it.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <torch/version.h>
 
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "flashlab/cuda_check.h"
+#include "flashlab/event_timer.h"
 #include "flashlab/kernel_registry.h"
 #include "flashlab/problem.h"
 
@@ -26,25 +28,14 @@ double measure_copy_bandwidth_gbs() {
   FLASHLAB_CUDA_CHECK(cudaMalloc(&source, bytes));
   FLASHLAB_CUDA_CHECK(cudaMalloc(&target, bytes));
   FLASHLAB_CUDA_CHECK(cudaMemset(source, 1, bytes));
-  cudaEvent_t start, stop;
-  FLASHLAB_CUDA_CHECK(cudaEventCreate(&start));
-  FLASHLAB_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int repeat = 0; repeat < 12; ++repeat) {
-    FLASHLAB_CUDA_CHECK(cudaEventRecord(start));
-    FLASHLAB_CUDA_CHECK(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice));
-    FLASHLAB_CUDA_CHECK(cudaEventRecord(stop));
-    FLASHLAB_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (repeat >= 2) times.push_back(ms);  // the first two warm up
-  }
-  std::sort(times.begin(), times.end());
-  FLASHLAB_CUDA_CHECK(cudaEventDestroy(start));
-  FLASHLAB_CUDA_CHECK(cudaEventDestroy(stop));
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  flashlab::EventTimer timer;
+  const float ms = timer.median_ms(
+      [&] { FLASHLAB_CUDA_CHECK(cudaMemcpyAsync(target, source, bytes, cudaMemcpyDeviceToDevice, stream)); },
+      10, /*warmups=*/2);
   FLASHLAB_CUDA_CHECK(cudaFree(source));
   FLASHLAB_CUDA_CHECK(cudaFree(target));
-  return 2.0 * bytes / (times[times.size() / 2] * 1e-3) / 1e9;
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
 const char* yes_no(bool value) { return value ? "yes" : "no"; }

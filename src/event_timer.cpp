@@ -1,0 +1,45 @@
+#include "flashlab/event_timer.h"
+
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+
+#include "flashlab/cuda_check.h"
+
+namespace flashlab {
+
+EventTimer::EventTimer() {
+  FLASHLAB_CUDA_CHECK(cudaEventCreate(&start_));
+  FLASHLAB_CUDA_CHECK(cudaEventCreate(&stop_));
+}
+
+EventTimer::~EventTimer() {
+  cudaEventDestroy(start_);
+  cudaEventDestroy(stop_);
+}
+
+float EventTimer::time_ms(const std::function<void()>& call) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  FLASHLAB_CUDA_CHECK(cudaEventRecord(start_, stream));
+  call();
+  FLASHLAB_CUDA_CHECK(cudaEventRecord(stop_, stream));
+  FLASHLAB_CUDA_CHECK(cudaEventSynchronize(stop_));
+  float ms = 0;
+  FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+  return ms;
+}
+
+float EventTimer::median_ms(const std::function<void()>& call, int repeats, int warmups) {
+  for (int warmup = 0; warmup < warmups; ++warmup) call();
+  std::vector<float> times;
+  for (int repeat = 0; repeat < repeats; ++repeat) times.push_back(time_ms(call));
+  return median(times);
+}
+
+float median(std::vector<float> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace flashlab

@@ -8,7 +8,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "flashlab/problem.h"
+#include "flashlab/harness/problem.h"
 
 // GPU tests start with this: without a usable device they are reported
 // skipped, with the reason, instead of passing without checking anything.

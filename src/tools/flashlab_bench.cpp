@@ -35,10 +35,10 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/cuda_check.h"
-#include "flashlab/event_timer.h"
+#include "flashlab/harness/event_timer.h"
 #include "flashlab/kernel_registry.h"
-#include "flashlab/memory_report.h"
-#include "flashlab/problem.h"
+#include "flashlab/harness/memory_report.h"
+#include "flashlab/harness/problem.h"
 
 namespace {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "flashlab/cuda_check.h"
-#include "flashlab/event_timer.h"
+#include "flashlab/harness/event_timer.h"
 #include "flashlab/kernel_registry.h"
-#include "flashlab/problem.h"
+#include "flashlab/harness/problem.h"
 
 namespace {
 

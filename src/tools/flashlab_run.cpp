@@ -13,9 +13,9 @@
 #include <string_view>
 
 #include "flashlab/kernel_registry.h"
-#include "flashlab/memory_report.h"
-#include "flashlab/problem.h"
-#include "flashlab/tile_trace.h"
+#include "flashlab/harness/memory_report.h"
+#include "flashlab/harness/problem.h"
+#include "flashlab/harness/tile_trace.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 
 #include <limits>
 
-#include "flashlab/compare.h"
+#include "flashlab/harness/compare.h"
 
 namespace flashlab {
 namespace {

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "flashlab/normal_from_bits.h"
-#include "flashlab/problem.h"
-#include "flashlab/random_inputs.h"
+#include "flashlab/harness/normal_from_bits.h"
+#include "flashlab/harness/problem.h"
+#include "flashlab/harness/random_inputs.h"
 #include "test_support.h"
 
 namespace flashlab {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "flashlab/reference.h"
+#include "flashlab/harness/reference.h"
 
 namespace flashlab {
 namespace {

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "flashlab/attention.h"
-#include "flashlab/problem.h"
-#include "flashlab/reference.h"
+#include "flashlab/harness/problem.h"
+#include "flashlab/harness/reference.h"
 #include "test_support.h"
 
 namespace flashlab {

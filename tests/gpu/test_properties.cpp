@@ -5,8 +5,8 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/kernel_registry.h"
-#include "flashlab/problem.h"
-#include "flashlab/random_inputs.h"
+#include "flashlab/harness/problem.h"
+#include "flashlab/harness/random_inputs.h"
 #include "test_support.h"
 
 namespace flashlab {

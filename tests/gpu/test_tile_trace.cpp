@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "flashlab/kernel_registry.h"
-#include "flashlab/problem.h"
-#include "flashlab/tile_trace.h"
+#include "flashlab/harness/problem.h"
+#include "flashlab/harness/tile_trace.h"
 #include "test_support.h"
 
 namespace flashlab {

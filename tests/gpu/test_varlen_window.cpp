@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "flashlab/kernel_registry.h"
-#include "flashlab/problem.h"
+#include "flashlab/harness/problem.h"
 #include "test_support.h"
 
 namespace flashlab {

@@ -1,11 +1,11 @@
-#include "flashlab/random_inputs.h"
+#include "flashlab/harness/random_inputs.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <curand.h>
 
-#include "flashlab/normal_from_bits.h"
+#include "flashlab/harness/normal_from_bits.h"
 
 #include <stdexcept>
 #include <string>

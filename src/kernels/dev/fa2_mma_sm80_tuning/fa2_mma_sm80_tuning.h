@@ -18,7 +18,7 @@
 // of shared memory a block may opt into on sm_90 (checked below).
 #pragma once
 
-#include "fa2_mma_sm80_kernel.cuh"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80_kernel.cuh"
 
 namespace flashlab::fa2_mma_sm80::tuning {
 

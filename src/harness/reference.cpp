@@ -1,4 +1,4 @@
-#include "flashlab/reference.h"
+#include "flashlab/harness/reference.h"
 
 #include <ATen/ATen.h>
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "flashlab/problem.h"
+#include "flashlab/harness/problem.h"
 
 namespace flashlab {
 

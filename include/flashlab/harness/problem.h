@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "flashlab/attention.h"
-#include "flashlab/compare.h"
+#include "flashlab/harness/compare.h"
 
 namespace flashlab {
 

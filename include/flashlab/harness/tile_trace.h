@@ -13,7 +13,7 @@
 #include <string>
 
 #include "flashlab/kernel_registry.h"
-#include "flashlab/problem.h"
+#include "flashlab/harness/problem.h"
 
 namespace flashlab {
 

@@ -2,7 +2,7 @@
 // bug planted (the running max stored at the wrong row's index), so the tests
 // and `flashlab-run --trace-tiles` can show the tile-state diff finding it.
 // Listed in test_only_kernels(), never in registered_kernels().
-#include "fa1_scalar_kernel.cuh"
+#include "sm80/fa1_scalar/fa1_scalar_kernel.cuh"
 
 namespace flashlab {
 

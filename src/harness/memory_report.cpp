@@ -1,4 +1,4 @@
-#include "flashlab/memory_report.h"
+#include "flashlab/harness/memory_report.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "flashlab/attention.h"
-#include "flashlab/reference.h"
+#include "flashlab/harness/reference.h"
 
 namespace flashlab {
 namespace {

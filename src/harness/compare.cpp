@@ -1,4 +1,4 @@
-#include "flashlab/compare.h"
+#include "flashlab/harness/compare.h"
 
 #include <ATen/ATen.h>
 

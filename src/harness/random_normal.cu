@@ -1,6 +1,6 @@
 // The GPU side of normal_from_bits.h: one thread per pair of values.
 #include "flashlab/cuda_check.h"
-#include "flashlab/normal_from_bits.h"
+#include "flashlab/harness/normal_from_bits.h"
 
 namespace flashlab {
 namespace {

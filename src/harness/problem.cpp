@@ -1,4 +1,4 @@
-#include "flashlab/problem.h"
+#include "flashlab/harness/problem.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "flashlab/cuda_check.h"
-#include "flashlab/event_timer.h"
-#include "flashlab/random_inputs.h"
-#include "flashlab/reference.h"
+#include "flashlab/harness/event_timer.h"
+#include "flashlab/harness/random_inputs.h"
+#include "flashlab/harness/reference.h"
 
 namespace flashlab {
 namespace {

@@ -1,4 +1,4 @@
-#include "flashlab/tile_trace.h"
+#include "flashlab/harness/tile_trace.h"
 
 #include <ATen/ATen.h>
 #include <cuda_runtime.h>
@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "flashlab/cuda_check.h"
-#include "flashlab/reference.h"
+#include "flashlab/harness/reference.h"
 
 namespace flashlab {
 namespace {

@@ -1,4 +1,4 @@
-#include "flashlab/event_timer.h"
+#include "flashlab/harness/event_timer.h"
 
 #include <c10/cuda/CUDAStream.h>
 

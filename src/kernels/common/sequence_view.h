@@ -1,0 +1,44 @@
+// Where one batch entry's rows live, written once for fixed-length and
+// variable-length (cu_seqlens) batches: its lengths and the element offsets of
+// its first row in q, k, v, out, and its first LSE row. Host and device.
+#pragma once
+
+#include <cstdint>
+
+#include "flashlab/kernel_params.h"
+
+namespace flashlab {
+
+struct SequenceView {
+  int seqlen_q = 0, seqlen_k = 0;
+  int64_t q_offset = 0, k_offset = 0, v_offset = 0, out_offset = 0;
+  int64_t lse_row0 = 0;  // add to b * lse_batch_stride + h * lse_head_stride
+};
+
+FLASHLAB_HOST_DEVICE inline SequenceView sequence_view(const AttentionParams& p, int batch) {
+  SequenceView view;
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[batch];
+    view.seqlen_q = p.cu_seqlens_q[batch + 1] - start;
+    view.q_offset = start * p.q_row_stride;
+    view.out_offset = start * p.out_row_stride;
+    view.lse_row0 = start;
+  } else {
+    view.seqlen_q = p.seqlen_q;
+    view.q_offset = batch * p.q_batch_stride;
+    view.out_offset = batch * p.out_batch_stride;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const int start = p.cu_seqlens_k[batch];
+    view.seqlen_k = p.cu_seqlens_k[batch + 1] - start;
+    view.k_offset = start * p.k_row_stride;
+    view.v_offset = start * p.v_row_stride;
+  } else {
+    view.seqlen_k = p.seqlen_k;
+    view.k_offset = batch * p.k_batch_stride;
+    view.v_offset = batch * p.v_batch_stride;
+  }
+  return view;
+}
+
+}  // namespace flashlab

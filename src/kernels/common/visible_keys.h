@@ -1,0 +1,59 @@
+// The visible-key rule, written once: which keys a query row may attend to
+// under causal / sliding-window masks, bottom-right aligned as flash-attn
+// defines them. Every kernel, the reference masks and the comparison's tile
+// report use these functions (host and device).
+//
+//   key j is visible from query i  iff
+//   i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right
+//
+// with window_left / window_right = -1 meaning unbounded on that side; causal
+// is window_right = 0.
+#pragma once
+
+#include "flashlab/kernel_params.h"
+
+namespace flashlab {
+
+// Keys [first, last] (inclusive); empty when last < first.
+struct KeyRange {
+  int first = 0;
+  int last = -1;
+  FLASHLAB_HOST_DEVICE bool empty() const { return last < first; }
+  FLASHLAB_HOST_DEVICE bool contains(int key) const { return first <= key && key <= last; }
+};
+
+// The keys row `row` sees.
+FLASHLAB_HOST_DEVICE inline KeyRange visible_keys(int row, int seqlen_q, int seqlen_k,
+                                                  int window_left, int window_right) {
+  const int diagonal = row + seqlen_k - seqlen_q;  // the key aligned with this row
+  KeyRange range{0, seqlen_k - 1};
+  if (window_left >= 0 && diagonal - window_left > range.first) range.first = diagonal - window_left;
+  if (window_right >= 0 && diagonal + window_right < range.last) range.last = diagonal + window_right;
+  return range;
+}
+
+// The keys at least one of rows [row_first, row_last] sees (the union; the
+// window moves right by one key per row, so it is one interval).
+FLASHLAB_HOST_DEVICE inline KeyRange visible_keys_of_rows(int row_first, int row_last, int seqlen_q,
+                                                          int seqlen_k, int window_left,
+                                                          int window_right) {
+  const KeyRange top = visible_keys(row_first, seqlen_q, seqlen_k, window_left, window_right);
+  const KeyRange bottom = visible_keys(row_last, seqlen_q, seqlen_k, window_left, window_right);
+  KeyRange range{top.first, bottom.last};
+  if (range.first < 0) range.first = 0;
+  if (range.last > seqlen_k - 1) range.last = seqlen_k - 1;
+  return range;
+}
+
+// True when every row of [row_first, row_last] sees every key of
+// [key_first, key_last]: such a tile needs no mask.
+FLASHLAB_HOST_DEVICE inline bool tile_fully_visible(int row_first, int row_last, int key_first,
+                                                    int key_last, int seqlen_q, int seqlen_k,
+                                                    int window_left, int window_right) {
+  const KeyRange top = visible_keys(row_first, seqlen_q, seqlen_k, window_left, window_right);
+  const KeyRange bottom = visible_keys(row_last, seqlen_q, seqlen_k, window_left, window_right);
+  // The top row has the smallest right edge, the bottom row the largest left edge.
+  return key_last <= top.last && key_first >= bottom.first;
+}
+
+}  // namespace flashlab

@@ -65,6 +65,9 @@ struct AttentionParams {
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   FLASHLAB_HOST_DEVICE bool is_varlen() const { return cu_seqlens_q != nullptr; }
+  // Packed rows of q and k/v in a variable-length batch (cu_seqlens_*[batch]);
+  // kernels whose copy engine needs the tensor's extent (TMA) read these.
+  int64_t total_rows_q = 0, total_rows_k = 0;
 
   TileTrace trace;
 

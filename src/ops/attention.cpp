@@ -313,6 +313,8 @@ AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, con
   params.batch = static_cast<int>(cu_seqlens_q.size(0) - 1);
   params.seqlen_q = max_seqlen_q;
   params.seqlen_k = max_seqlen_k;
+  params.total_rows_q = q.size(0);
+  params.total_rows_k = k.size(0);
   if (out.defined()) {
     params.out = out.data_ptr();
     params.out_batch_stride = 0;

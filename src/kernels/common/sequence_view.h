@@ -13,6 +13,8 @@ struct SequenceView {
   int seqlen_q = 0, seqlen_k = 0;
   int64_t q_offset = 0, k_offset = 0, v_offset = 0, out_offset = 0;
   int64_t lse_row0 = 0;  // add to b * lse_batch_stride + h * lse_head_stride
+  // First row of this sequence in the packed q and k/v (0 for fixed length).
+  int q_row0 = 0, k_row0 = 0;
 };
 
 FLASHLAB_HOST_DEVICE inline SequenceView sequence_view(const AttentionParams& p, int batch) {
@@ -23,6 +25,7 @@ FLASHLAB_HOST_DEVICE inline SequenceView sequence_view(const AttentionParams& p,
     view.q_offset = start * p.q_row_stride;
     view.out_offset = start * p.out_row_stride;
     view.lse_row0 = start;
+    view.q_row0 = start;
   } else {
     view.seqlen_q = p.seqlen_q;
     view.q_offset = batch * p.q_batch_stride;
@@ -33,6 +36,7 @@ FLASHLAB_HOST_DEVICE inline SequenceView sequence_view(const AttentionParams& p,
     view.seqlen_k = p.cu_seqlens_k[batch + 1] - start;
     view.k_offset = start * p.k_row_stride;
     view.v_offset = start * p.v_row_stride;
+    view.k_row0 = start;
   } else {
     view.seqlen_k = p.seqlen_k;
     view.k_offset = batch * p.k_batch_stride;

@@ -1,0 +1,132 @@
+// PTX wrappers for Hopper (sm_90a) kernels, written once: mbarriers, TMA tile
+// loads, wgmma fences and shared-memory descriptors, setmaxnreg, named
+// barriers. wgmma and setmaxnreg assemble only for sm_90a; include this from
+// files of the sm_90a kernel library alone.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: nothing links libcuda)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashlab::sm90 {
+
+__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// ---------------------------------------------------------------------------
+// mbarrier: a 64-bit shared-memory barrier that counts arrivals and, for TMA,
+// transaction bytes. Waiters name the phase parity they wait to complete.
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(barrier)),
+               "r"(arrivals));
+}
+
+// Makes initialized barriers visible to the async (TMA) proxy.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   smem_address(barrier)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(barrier))
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_address(barrier)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// TMA: a box of a 4-D tensor (coordinates innermost first) into shared memory,
+// completing `bytes` on the barrier. Out-of-range elements arrive as zeros and
+// still count towards the transaction bytes.
+__device__ __forceinline__ void tma_load_4d(void* smem_destination, const CUtensorMap* map,
+                                            uint64_t* barrier, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_address(smem_destination)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(barrier)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// wgmma: operand descriptors and the async-group protocol.
+
+// Descriptor of a shared-memory operand laid out in 128-byte swizzled rows (as
+// TMA's CU_TENSOR_MAP_SWIZZLE_128B writes them); the tile must start on a
+// 1024-byte boundary. Offsets in bytes:
+//   K-major (rows of 64 elements along K): leading unused, stride = 1024
+//     (from one 8-row group to the next).
+//   MN-major (rows of 64 elements along M/N): leading = distance between
+//     64-element column panels, stride = 1024 (from one 8-row K group to the next).
+__device__ __forceinline__ uint64_t make_smem_descriptor_sw128(uint32_t smem_byte_address,
+                                                               uint32_t leading_bytes,
+                                                               uint32_t stride_bytes) {
+  uint64_t descriptor = (smem_byte_address & 0x3FFFF) >> 4;
+  descriptor |= static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16;
+  descriptor |= static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
+  descriptor |= 1ull << 62;  // swizzle mode 1: 128-byte
+  return descriptor;
+}
+
+// Orders this warpgroup's register and shared-memory accesses before the
+// wgmma operations that follow.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across a
+// wgmma wait (the registers change behind its back until then).
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&registers)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(registers[i])::"memory");
+}
+
+// ---------------------------------------------------------------------------
+// Warp specialization.
+
+template <int Registers>
+__device__ __forceinline__ void setmaxnreg_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+template <int Registers>
+__device__ __forceinline__ void setmaxnreg_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+
+// Named barriers 1..15 (0 is __syncthreads): `threads` must be a multiple of 32.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace flashlab::sm90

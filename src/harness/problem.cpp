@@ -190,108 +190,164 @@ std::string cuda_unavailable_reason() {
   return {};
 }
 
-CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options) {
-  const std::string unavailable = cuda_unavailable_reason();
-  TORCH_CHECK(unavailable.empty(), "check_kernel needs a GPU: ", unavailable);
-  const at::Device device(at::kCUDA, 0);
-  const ProblemInputs inputs = make_inputs(spec, device);
+const KernelVariant& resolve_kernel(const ProblemSpec& spec, const ProblemInputs& inputs) {
   const AttentionOptions options = spec.attention_options();
-  const bool varlen = spec.is_varlen();
-  const KernelVariant& kernel =
-      varlen ? select_varlen_kernel(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
+  return spec.is_varlen()
+             ? select_varlen_kernel(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
                                     inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
                                     options)
              : select_kernel(inputs.q, inputs.k, inputs.v, options);
-  const AttentionParams params =
-      varlen ? make_varlen_params(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
+}
+
+AttentionParams forward_params(const ProblemSpec& spec, const ProblemInputs& inputs,
+                               const at::Tensor& out, const at::Tensor& lse) {
+  const AttentionOptions options = spec.attention_options();
+  return spec.is_varlen()
+             ? make_varlen_params(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
                                   inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
-                                  at::Tensor(), at::Tensor(), options)
-             : make_params(inputs.q, inputs.k, inputs.v, at::Tensor(), at::Tensor(), options);
+                                  out, lse, options)
+             : make_params(inputs.q, inputs.k, inputs.v, out, lse, options);
+}
+
+at::Tensor poisoned(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::full(sizes, std::numeric_limits<double>::quiet_NaN(),
+                  options.memory_format(at::MemoryFormat::Contiguous));
+}
+
+ForwardOutputs poisoned_forward_outputs(const ProblemSpec& spec, const ProblemInputs& inputs) {
+  // LSE: (batch, heads, seqlen_q), or (heads, total_q) for a variable-length batch.
+  const std::vector<int64_t> lse_shape =
+      spec.is_varlen() ? std::vector<int64_t>{spec.heads, inputs.q.size(0)}
+                       : std::vector<int64_t>{spec.batch, spec.heads, spec.seqlen_q};
+  return {poisoned(inputs.q.sizes(), inputs.q.options()),
+          poisoned(lse_shape, inputs.q.options().dtype(at::kFloat))};
+}
+
+void run_forward(const KernelVariant& kernel, const ProblemSpec& spec, const ProblemInputs& inputs,
+                 const ForwardOutputs& outputs) {
+  AttentionOptions options = spec.attention_options();
+  options.kernel = kernel.name;
+  if (spec.is_varlen())
+    attention_varlen_forward_into(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
+                                  inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
+                                  outputs.out, outputs.lse, options);
+  else
+    attention_forward_into(inputs.q, inputs.k, inputs.v, outputs.out, outputs.lse, options);
+}
+
+ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,
+                                   const AttentionParams& params) {
+  ReferenceOptions options;
+  options.softmax_scale = params.softmax_scale;
+  options.window_left = params.window_left;
+  options.window_right = params.window_right;
+  const auto run = [&] {
+    return spec.is_varlen()
+               ? reference_attention_varlen(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
+                                            inputs.cu_seqlens_k, options)
+               : reference_attention(inputs.q, inputs.k, inputs.v, options);
+  };
+  ForwardReference reference;
+  options.compute_dtype =
+      (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
+  reference.reference = run();
+  options.compute_dtype = spec.dtype;
+  reference.same_precision = run();
+  return reference;
+}
+
+double fwd_atol(const at::Tensor& reference, at::ScalarType dtype) {
+  const at::Tensor stored = reference.to(dtype);
+  return 2 * max_finite_abs_difference((stored + 0.3) - 0.3, stored);
+}
+
+Tolerance tolerance_rule(const at::Tensor& reference, const at::Tensor& same_precision,
+                         double rounding_atol) {
+  Tolerance tolerance;
+  tolerance.same_precision_err = max_finite_abs_difference(same_precision, reference);
+  tolerance.rounding_atol = rounding_atol;
+  const at::Tensor finite = reference.masked_select(at::isfinite(reference));
+  tolerance.float32_floor =
+      finite.numel() == 0 ? 0.0 : 4 * FLT_EPSILON * finite.abs().max().item<double>();
+  return tolerance;
+}
+
+ForwardTolerance forward_tolerance(const ProblemSpec& spec, const ForwardReference& reference) {
+  const ReferenceOutput& exact = reference.reference;
+  const ReferenceOutput& same = reference.same_precision;
+  return {tolerance_rule(exact.out, same.out, fwd_atol(exact.out, spec.dtype)),
+          // LSE is stored in float32: its rounding there is the atol.
+          tolerance_rule(exact.lse, same.lse,
+                         max_finite_abs_difference(exact.lse.to(at::kFloat), exact.lse))};
+}
+
+ComparisonReport compare_rows(const std::string& name, const at::Tensor& actual,
+                              const at::Tensor& expected, double tolerance,
+                              const TileContext& context) {
+  // A packed (total, H, D) tensor is one batch of total rows.
+  const auto as_rows = [](const at::Tensor& values) {
+    return values.dim() == 3 ? values.unsqueeze(0) : values;
+  };
+  return compare_elementwise(name, as_rows(actual), as_rows(expected), tolerance, context);
+}
+
+ComparisonReport compare_lse_rows(const std::string& name, const at::Tensor& actual,
+                                  const at::Tensor& expected, double tolerance,
+                                  const TileContext& context) {
+  // (B, H, S) as (B, S, H, 1); a packed (H, total) as (1, total, H, 1).
+  const auto as_rows = [](const at::Tensor& values) {
+    return values.dim() == 2 ? values.t().unsqueeze(0).unsqueeze(-1)
+                             : values.permute({0, 2, 1}).unsqueeze(-1);
+  };
+  return compare_elementwise(name, as_rows(actual), as_rows(expected), tolerance, context);
+}
+
+TileContext tile_context(const ProblemSpec& spec, const AttentionParams& params, const TileShape& tiles) {
+  TileContext context;
+  // Packed rows mix sequences, so a row number names no tile: report none.
+  if (!spec.is_varlen()) context.tiles = tiles;
+  context.seqlen_q = spec.seqlen_q;
+  context.seqlen_k = spec.seqlen_k;
+  context.window_left = params.window_left;
+  context.window_right = params.window_right;
+  return context;
+}
+
+ForwardComparison compare_forward(const ProblemSpec& spec, const AttentionParams& params,
+                                  const TileShape& tiles, const ForwardOutputs& outputs,
+                                  const ForwardReference& reference,
+                                  const ForwardTolerance& tolerance) {
+  const TileContext context = tile_context(spec, params, tiles);
+  return {compare_rows("out", outputs.out, reference.reference.out, tolerance.out.bound(), context),
+          compare_lse_rows("lse", outputs.lse, reference.reference.lse, tolerance.lse.bound(), context)};
+}
+
+CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options) {
+  const std::string unavailable = cuda_unavailable_reason();
+  TORCH_CHECK(unavailable.empty(), "check_kernel needs a GPU: ", unavailable);
+  const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+  const KernelVariant& kernel = resolve_kernel(spec, inputs);
+  const AttentionParams params = forward_params(spec, inputs);
+
+  const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
+  run_forward(kernel, spec, inputs, outputs);
+  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  const ForwardReference reference = reference_forward(spec, inputs, params);
+  const ForwardTolerance tolerance = forward_tolerance(spec, reference);
 
   CheckResult result;
   result.kernel = kernel.name;
   result.problem = spec.describe();
   result.tiles = kernel.tile_shape(params);
-
-  // Poison: any element the kernel fails to write stays NaN and fails the check.
-  at::Tensor out = at::full(inputs.q.sizes(), std::numeric_limits<double>::quiet_NaN(),
-                            inputs.q.options().memory_format(at::MemoryFormat::Contiguous));
-  // LSE: (batch, heads, seqlen_q), or (heads, total_q) for a variable-length batch.
-  const std::vector<int64_t> lse_shape =
-      varlen ? std::vector<int64_t>{spec.heads, inputs.q.size(0)}
-             : std::vector<int64_t>{spec.batch, spec.heads, spec.seqlen_q};
-  at::Tensor lse = at::full(lse_shape, std::numeric_limits<double>::quiet_NaN(),
-                            inputs.q.options().dtype(at::kFloat));
-  AttentionOptions run_options = options;
-  run_options.kernel = kernel.name;
-  const auto run_kernel = [&] {
-    if (varlen)
-      attention_varlen_forward_into(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
-                                    inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
-                                    out, lse, run_options);
-    else
-      attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, run_options);
-  };
-  run_kernel();
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-
-  ReferenceOptions reference_options;
-  reference_options.softmax_scale = params.softmax_scale;
-  reference_options.window_left = params.window_left;
-  reference_options.window_right = params.window_right;
-  reference_options.compute_dtype =
-      (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
-  const auto run_reference = [&] {
-    return varlen ? reference_attention_varlen(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
-                                               inputs.cu_seqlens_k, reference_options)
-                  : reference_attention(inputs.q, inputs.k, inputs.v, reference_options);
-  };
-  const ReferenceOutput reference = run_reference();
-  reference_options.compute_dtype = spec.dtype;
-  const ReferenceOutput same_precision = run_reference();
-
-  result.ref_err = max_finite_abs_difference(same_precision.out, reference.out);
-  // flash-attn's fwd_atol: twice the rounding of an add at the output's magnitude
-  // in the input dtype, about one ulp there.
-  {
-    const at::Tensor stored = reference.out.to(spec.dtype);
-    result.storage_err = 2 * max_finite_abs_difference((stored + 0.3) - 0.3, stored);
-  }
-  const double lse_ref_err = max_finite_abs_difference(same_precision.lse, reference.lse);
-  const double lse_storage_err =
-      max_finite_abs_difference(reference.lse.to(at::kFloat), reference.lse);
-
-  TileContext context;
-  // Packed rows mix sequences, so a row number names no tile: report none.
-  if (!varlen) context.tiles = result.tiles;
-  context.seqlen_q = spec.seqlen_q;
-  context.seqlen_k = spec.seqlen_k;
-  context.window_left = params.window_left;
-  context.window_right = params.window_right;
-  // flash-attn's rule: at most twice torch's own same-precision error, plus its
-  // fwd_atol (about one ulp of the output in the input dtype), plus a few
-  // float32 ulps of the largest value: kernels accumulate in float32, and with
-  // float32 inputs torch's own error can be a single ulp (seqlen_k 1, say).
-  auto float32_floor = [](const at::Tensor& values) {
-    const at::Tensor finite = values.masked_select(at::isfinite(values));
-    return finite.numel() == 0 ? 0.0 : 4 * FLT_EPSILON * finite.abs().max().item<double>();
-  };
-  // The comparison is 4-D (batch, row, head, col): a packed (total, H, D) output
-  // is one batch of total rows. LSE is (batch, heads, seqlen_q), or (heads,
-  // total_q) packed; compare it as (batch, row, head, 1).
-  const auto as_rows = [&](const at::Tensor& values) { return varlen ? values.unsqueeze(0) : values; };
-  const auto lse_as_rows = [&](const at::Tensor& values) {
-    return varlen ? values.t().unsqueeze(0).unsqueeze(-1) : values.permute({0, 2, 1}).unsqueeze(-1);
-  };
-  result.out = compare_elementwise(
-      "out", as_rows(out), as_rows(reference.out),
-      2 * result.ref_err + result.storage_err + float32_floor(reference.out), context);
-  result.lse = compare_elementwise("lse", lse_as_rows(lse), lse_as_rows(reference.lse),
-                                   2 * lse_ref_err + lse_storage_err + float32_floor(reference.lse),
-                                   context);
-
+  result.ref_err = tolerance.out.same_precision_err;
+  result.storage_err = tolerance.out.rounding_atol;
+  ForwardComparison comparison =
+      compare_forward(spec, params, result.tiles, outputs, reference, tolerance);
+  result.out = std::move(comparison.out);
+  result.lse = std::move(comparison.lse);
   if (check_options.timed_launches > 0)
-    result.kernel_ms = EventTimer().median_ms(run_kernel, check_options.timed_launches);
+    result.kernel_ms = EventTimer().median_ms([&] { run_forward(kernel, spec, inputs, outputs); },
+                                              check_options.timed_launches);
   return result;
 }
 

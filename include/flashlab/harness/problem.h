@@ -12,6 +12,7 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/harness/compare.h"
+#include "flashlab/harness/reference.h"
 
 namespace flashlab {
 
@@ -59,6 +60,94 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
 // (0: any), else the reason. Touches no device.
 std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& spec,
                                int compute_capability = 0);
+
+// The check, step by step. check_kernel composes them in this order; a
+// backward check reuses make_inputs, poisoned, the reference and tolerance
+// rules and compare_rows with its own run and reference steps.
+//
+//   inputs    make_inputs(spec, device)
+//   kernel    resolve_kernel(spec, inputs), forward_params(spec, inputs)
+//   poison    poisoned_forward_outputs(spec, inputs)
+//   run       run_forward(kernel, spec, inputs, outputs)
+//   reference reference_forward(spec, inputs, params)
+//   tolerance forward_tolerance(spec, reference)
+//   compare   compare_forward(spec, params, tiles, outputs, reference, tolerance)
+
+// The kernel `spec.kernel` names ("auto" resolved) for these inputs; throws
+// c10::Error with the reason when it cannot run them.
+const KernelVariant& resolve_kernel(const ProblemSpec& spec, const ProblemInputs& inputs);
+// The forward parameter block for these inputs (out and lse may be undefined:
+// then no output pointers). No launch, no device access.
+AttentionParams forward_params(const ProblemSpec& spec, const ProblemInputs& inputs,
+                               const at::Tensor& out = at::Tensor(),
+                               const at::Tensor& lse = at::Tensor());
+
+// A contiguous tensor of NaN: an element a kernel never writes stays NaN and
+// fails the comparison.
+at::Tensor poisoned(at::IntArrayRef sizes, const at::TensorOptions& options);
+
+struct ForwardOutputs {
+  at::Tensor out;  // like q, contiguous
+  at::Tensor lse;  // float32 (batch, heads, seqlen_q), or (heads, total_q) for varlen
+};
+ForwardOutputs poisoned_forward_outputs(const ProblemSpec& spec, const ProblemInputs& inputs);
+
+// Enqueues `kernel` on the current stream, writing into `outputs`. Does not
+// synchronize.
+void run_forward(const KernelVariant& kernel, const ProblemSpec& spec, const ProblemInputs& inputs,
+                 const ForwardOutputs& outputs);
+
+struct ForwardReference {
+  ReferenceOutput reference;       // float32, or float64 for fp32 inputs / float64_reference
+  ReferenceOutput same_precision;  // torch's math attention in the input dtype
+};
+// Softmax scale and window as the kernel sees them (from `params`).
+ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,
+                                   const AttentionParams& params);
+
+// flash-attn's pass rule for one tensor: at most twice the error torch's own
+// same-precision math makes, plus a rounding atol, plus 4 float32 ulps of the
+// largest reference value (kernels accumulate in float32; with float32 inputs
+// torch's own error can be a single ulp).
+struct Tolerance {
+  double same_precision_err = 0;  // max |same precision - reference| (finite elements)
+  double rounding_atol = 0;
+  double float32_floor = 0;
+  double bound() const { return 2 * same_precision_err + rounding_atol + float32_floor; }
+};
+// The rule for `reference` (any floating dtype) against torch's same-precision result.
+Tolerance tolerance_rule(const at::Tensor& reference, const at::Tensor& same_precision,
+                         double rounding_atol);
+// flash-attn's fwd_atol: twice the rounding of (x + 0.3) - 0.3 in `dtype`, about
+// one ulp at the magnitude of `reference`.
+double fwd_atol(const at::Tensor& reference, at::ScalarType dtype);
+
+struct ForwardTolerance {
+  Tolerance out;  // rounding atol: fwd_atol in the input dtype
+  Tolerance lse;  // rounding atol: the rounding of the reference LSE to float32
+};
+ForwardTolerance forward_tolerance(const ProblemSpec& spec, const ForwardReference& reference);
+
+// Compares a kernel's tensor with the reference element by element as
+// (batch, row, head, col): (B, S, H, D) as is, a packed (total, H, D) as one
+// batch of total rows.
+ComparisonReport compare_rows(const std::string& name, const at::Tensor& actual,
+                              const at::Tensor& expected, double tolerance,
+                              const TileContext& context);
+// The same for per-row statistics (LSE): (B, H, S), or packed (H, total).
+ComparisonReport compare_lse_rows(const std::string& name, const at::Tensor& actual,
+                                  const at::Tensor& expected, double tolerance,
+                                  const TileContext& context);
+// What the tile report needs to name tiles (no tiles for varlen: packed rows mix sequences).
+TileContext tile_context(const ProblemSpec& spec, const AttentionParams& params, const TileShape& tiles);
+
+struct ForwardComparison {
+  ComparisonReport out, lse;
+};
+ForwardComparison compare_forward(const ProblemSpec& spec, const AttentionParams& params,
+                                  const TileShape& tiles, const ForwardOutputs& outputs,
+                                  const ForwardReference& reference,
+                                  const ForwardTolerance& tolerance);
 
 struct CheckResult {
   std::string kernel;  // the kernel that ran (resolves "auto")

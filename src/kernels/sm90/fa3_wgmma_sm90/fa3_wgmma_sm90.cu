@@ -1,0 +1,181 @@
+// fa3_wgmma_sm90: FlashAttention-3 style forward for Hopper (TMA, wgmma, warp
+// specialization; sm_90a only). The kernel, its tiling and limits:
+// fa3_wgmma_sm90_kernel.cuh. This file holds the registry descriptor, the
+// support check, the TMA tensor maps and the dispatch on head_dim; each head
+// dim is compiled in its own fa3_wgmma_sm90_hdim<D>.cu.
+#include <cuda.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "fa3_wgmma_sm90_kernel.cuh"
+#include "flashlab/kernel_registry.h"
+
+namespace flashlab {
+namespace fa3_wgmma_sm90 {
+namespace {
+
+bool is_supported_head_dim(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+// cuTensorMapEncodeTiled from the driver, found at run time so nothing links
+// libcuda directly.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled() {
+  static EncodeTiled function = [] {
+    void* pointer = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    FLASHLAB_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &pointer, 12000,
+                                                         cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || pointer == nullptr)
+      throw_cuda_error(cudaErrorSymbolNotFound, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
+                       "the driver has no cuTensorMapEncodeTiled (needs CUDA 12 or newer)");
+    return reinterpret_cast<EncodeTiled>(pointer);
+  }();
+  return function;
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_rows) {
+  const void* base = operand == Operand::q ? p.q : operand == Operand::k ? p.k : p.v;
+  const int64_t row_stride = operand == Operand::q   ? p.q_row_stride
+                             : operand == Operand::k ? p.k_row_stride
+                                                     : p.v_row_stride;
+  const int64_t head_stride = operand == Operand::q   ? p.q_head_stride
+                              : operand == Operand::k ? p.k_head_stride
+                                                      : p.v_head_stride;
+  const int64_t batch_stride = operand == Operand::q   ? p.q_batch_stride
+                               : operand == Operand::k ? p.k_batch_stride
+                                                       : p.v_batch_stride;
+  const int heads = operand == Operand::q ? p.heads : p.kv_heads;
+  // Variable-length batches are one packed sequence of rows (batch extent 1):
+  // the kernel adds cu_seqlens[b] to the row coordinate.
+  const bool varlen = p.is_varlen();
+  const int64_t rows = varlen ? (operand == Operand::q ? p.total_rows_q : p.total_rows_k)
+                              : (operand == Operand::q ? p.seqlen_q : p.seqlen_k);
+  const cuuint64_t extent[4] = {static_cast<cuuint64_t>(p.head_dim),
+                                static_cast<cuuint64_t>(rows > 0 ? rows : 1),
+                                static_cast<cuuint64_t>(heads),
+                                static_cast<cuuint64_t>(varlen ? 1 : p.batch)};
+  // Byte strides of dimensions 1..3; TMA wants multiples of 16 (checked by
+  // unsupported_reason). A batch of one may have any batch stride.
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride * 2),
+                                 static_cast<cuuint64_t>(head_stride * 2),
+                                 static_cast<cuuint64_t>((varlen || p.batch == 1 ? head_stride * heads
+                                                                                 : batch_stride) *
+                                                         2)};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult status = encode_tiled()(
+      &map,
+      p.dtype == DataType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, const_cast<void*>(base), extent, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    throw_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
+                     "driver error " + std::to_string(static_cast<int>(status)) +
+                         " encoding the tensor map of " +
+                         (operand == Operand::q ? "q" : operand == Operand::k ? "k" : "v") +
+                         " for " + describe_problem(p));
+  return map;
+}
+
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+std::string unsupported_reason(const AttentionParams& params) {
+  if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16)
+    return std::string("fa3_wgmma_sm90 supports float16 and bfloat16 inputs; got ") +
+           data_type_name(params.dtype);
+  if (!is_supported_head_dim(params.head_dim))
+    return "fa3_wgmma_sm90 supports head_dim 64, 128, 256; got " + std::to_string(params.head_dim);
+  if (params.device_compute_capability != 0 && params.device_compute_capability != 90)
+    return "fa3_wgmma_sm90 runs on compute capability 9.0 only (built as sm_90a); the device has " +
+           std::to_string(params.device_compute_capability / 10) + "." +
+           std::to_string(params.device_compute_capability % 10);
+  if (params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
+    return "fa3_wgmma_sm90 needs heads to be a multiple of kv_heads; got " +
+           std::to_string(params.heads) + "/" + std::to_string(params.kv_heads);
+  if (params.trace.enabled())
+    return "fa3_wgmma_sm90 does not record tile states (no traced build yet)";
+  // TMA: 16-byte aligned base addresses and strides that are multiples of 16 bytes.
+  const auto aligned_pointer = [](const void* pointer) {
+    return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
+  };
+  if (!aligned_pointer(params.q) || !aligned_pointer(params.k) || !aligned_pointer(params.v) ||
+      !aligned_pointer(params.out))
+    return "fa3_wgmma_sm90 needs q, k, v and out to start on 16-byte boundaries (TMA)";
+  const bool varlen = params.is_varlen();
+  const bool batched = !varlen && params.batch > 1;
+  const int64_t strides[] = {
+      batched ? params.q_batch_stride : 0,   params.q_row_stride,   params.q_head_stride,
+      batched ? params.k_batch_stride : 0,   params.k_row_stride,   params.k_head_stride,
+      batched ? params.v_batch_stride : 0,   params.v_row_stride,   params.v_head_stride,
+      batched ? params.out_batch_stride : 0, params.out_row_stride, params.out_head_stride};
+  for (int64_t stride : strides)
+    if (stride % 8 != 0)
+      return "fa3_wgmma_sm90 needs batch, row and head strides that are multiples of 8 elements "
+             "(TMA takes 16-byte strides); got a stride of " +
+             std::to_string(stride);
+  return {};
+}
+
+}  // namespace fa3_wgmma_sm90
+
+namespace {
+
+using fa3_wgmma_sm90::DefaultTraits;
+
+TileShape tile_shape(const AttentionParams& params) {
+  const auto shape = [](auto traits) {
+    using Tr = decltype(traits);
+    return TileShape{Tr::kBlockM, Tr::kBlockN};
+  };
+  switch (params.head_dim) {
+    case 64: return shape(DefaultTraits<64>::type{});
+    case 128: return shape(DefaultTraits<128>::type{});
+    case 256: return shape(DefaultTraits<256>::type{});
+    default: return TileShape{};
+  }
+}
+
+void launch(const AttentionParams& params) {
+  switch (params.head_dim) {
+    case 64: return fa3_wgmma_sm90::run_head_dim<64>(params);
+    case 128: return fa3_wgmma_sm90::run_head_dim<128>(params);
+    case 256: return fa3_wgmma_sm90::run_head_dim<256>(params);
+    default: break;  // unsupported_reason rejects other head dims before launch
+  }
+}
+
+}  // namespace
+
+KernelVariant fa3_wgmma_sm90_variant() {
+  KernelVariant variant;
+  variant.name = "fa3_wgmma_sm90";
+  variant.summary =
+      "FlashAttention-3 style forward for Hopper (TMA, wgmma, producer/consumer warpgroups, "
+      "persistent grid), fp16/bf16, head_dim 64/128/256, causal/window, GQA, varlen; sm_90a only";
+  variant.min_compute_capability = 90;
+  variant.supports_tile_trace = false;
+  variant.unsupported_reason = fa3_wgmma_sm90::unsupported_reason;
+  variant.tile_shape = tile_shape;
+  variant.launch = launch;
+  return variant;
+}
+
+}  // namespace flashlab

@@ -1,0 +1,416 @@
+// fa3_wgmma_sm90 kernel template: a FlashAttention-3 style forward pass for
+// Hopper (sm_90a only): TMA loads, wgmma, warp specialization.
+//
+// Algorithm: a persistent grid (one CTA per SM) walks (query block, head,
+// batch) work tiles, longest first under causal masks. Each CTA has three
+// warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 24
+// registers, one thread issues TMA copies of the Q tile and of K and V tiles
+// into 128-byte-swizzled shared memory, through a kStages-deep ring of
+// mbarriers (K and V on separate barriers, so S = Q K^T starts before V has
+// landed). Warpgroups 1 and 2 are consumers (setmaxnreg raises them to 240
+// registers), each owning 64 query rows: S = Q K^T on wgmma with both operands
+// in shared memory, the mask (sequence end, causal / sliding window,
+// bottom-right aligned) only on tiles that need it, the online softmax in base
+// 2, P kept in registers as the A operand of O += P V (V MN-major, transposed
+// by the descriptor). K/V tiles are walked from the last visible one down, so
+// the tiles cut by a causal diagonal come first; tiles no row of the block
+// sees are never loaded.
+//
+// Tiling: Traits<HeadDim, BlockN, Stages>: BlockM = 128 (2 consumers x 64),
+// BlockN 128 for head_dim 64/128 and 64 for 256 (shared memory: Q + 2 stages
+// of K and V = 80 / 160 / 192 KB). Shared tiles are stored as 64-column
+// panels of 128-byte rows (TMA box inner size = one swizzle row).
+//
+// Limits: fp16 / bf16, head_dim 64 / 128 / 256, compute capability 9.0 built
+// as sm_90a, base pointers 16-byte aligned and batch/row/head strides that are
+// multiples of 8 elements (TMA strides are multiples of 16 bytes), no tile
+// tracing yet. The output is written from registers (4-byte stores per pair).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/ptx_sm90.h"
+#include "common/sequence_view.h"
+#include "common/visible_keys.h"
+#include "common/wgmma_sm90_generated.h"
+#include "flashlab/cuda_check.h"
+#include "flashlab/kernel_params.h"
+
+namespace flashlab::fa3_wgmma_sm90 {
+
+template <int HeadDim, int BlockN, int Stages>
+struct Traits {
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = BlockN;
+  static constexpr int kStages = Stages;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
+  static constexpr int kQTileBytes = kBlockM * HeadDim * 2;
+  static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
+  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kSmemBytes =
+      kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
+
+  static_assert(HeadDim % 64 == 0, "head_dim must be whole 128-byte panels");
+  static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");
+};
+
+template <int HeadDim> struct DefaultTraits;
+template <> struct DefaultTraits<64> { using type = Traits<64, 128, 2>; };
+template <> struct DefaultTraits<128> { using type = Traits<128, 128, 2>; };
+template <> struct DefaultTraits<256> { using type = Traits<256, 64, 2>; };
+
+// Everything the kernel reads, passed by value as a __grid_constant__ so the
+// tensor maps live in parameter space (TMA reads them from there).
+struct KernelArguments {
+  CUtensorMap q_map;
+  CUtensorMap k_map;
+  CUtensorMap v_map;
+  AttentionParams params;
+  int num_q_blocks = 0;
+  int num_work_tiles = 0;
+};
+
+// One work tile: a query block of one (batch, head). Query blocks run from the
+// last one down so the longest causal rows start first.
+struct WorkTile {
+  int q_block, head, batch;
+};
+__device__ __forceinline__ WorkTile work_tile(const KernelArguments& args, int index) {
+  const AttentionParams& p = args.params;
+  const int per_block = p.heads * p.batch;
+  WorkTile tile;
+  tile.q_block = args.num_q_blocks - 1 - index / per_block;
+  const int rest = index % per_block;
+  tile.head = rest % p.heads;
+  tile.batch = rest / p.heads;
+  return tile;
+}
+
+// The key tiles a query block visits, [first, last]; empty when last < first.
+struct KeyTiles {
+  int first, last;
+};
+template <class Tr>
+__device__ __forceinline__ KeyTiles key_tiles(const AttentionParams& p, const SequenceView& view,
+                                              int q0) {
+  const int q_last = min(q0 + Tr::kBlockM, view.seqlen_q) - 1;
+  const KeyRange keys = visible_keys_of_rows(q0, q_last, view.seqlen_q, view.seqlen_k,
+                                             p.window_left, p.window_right);
+  if (keys.empty()) return {0, -1};
+  return {keys.first / Tr::kBlockN, keys.last / Tr::kBlockN};
+}
+
+template <typename Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <class Tr, typename Element>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kBM = Tr::kBlockM;
+  constexpr int kBN = Tr::kBlockN;
+  constexpr int kStages = Tr::kStages;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const AttentionParams& p = args.params;
+
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* q_smem = smem;
+  unsigned char* k_smem = q_smem + Tr::kQTileBytes;
+  unsigned char* v_smem = k_smem + kStages * Tr::kKVTileBytes;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(v_smem + kStages * Tr::kKVTileBytes);
+  uint64_t* q_full = barriers;
+  uint64_t* q_empty = barriers + 1;
+  uint64_t* k_full = barriers + 2;
+  uint64_t* v_full = k_full + kStages;
+  uint64_t* kv_empty = v_full + kStages;
+  constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
+
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    sm90::mbarrier_init(q_full, 1);
+    sm90::mbarrier_init(q_empty, kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) {
+      sm90::mbarrier_init(&k_full[s], 1);
+      sm90::mbarrier_init(&v_full[s], 1);
+      sm90::mbarrier_init(&kv_empty[s], kConsumerWarps);
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---------------------------------------------------------------- producer
+    sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    sm90::tma_prefetch_descriptor(&args.q_map);
+    sm90::tma_prefetch_descriptor(&args.k_map);
+    sm90::tma_prefetch_descriptor(&args.v_map);
+    uint32_t kv_iteration = 0, q_iteration = 0;
+    for (int index = blockIdx.x; index < args.num_work_tiles; index += gridDim.x) {
+      const WorkTile work = work_tile(args, index);
+      const SequenceView view = sequence_view(p, work.batch);
+      const int q0 = work.q_block * kBM;
+      if (q0 >= view.seqlen_q) continue;
+      const KeyTiles tiles = key_tiles<Tr>(p, view, q0);
+      if (tiles.last < tiles.first) continue;
+      const int batch_coordinate = p.is_varlen() ? 0 : work.batch;
+      const int kv_head = work.head / (p.heads / p.kv_heads);
+
+      sm90::mbarrier_wait(q_empty, (q_iteration & 1) ^ 1);
+      sm90::mbarrier_arrive_expect_tx(q_full, Tr::kQTileBytes);
+#pragma unroll
+      for (int panel = 0; panel < Tr::kPanels; ++panel)
+        sm90::tma_load_4d(q_smem + panel * kBM * 128, &args.q_map, q_full, panel * 64,
+                          view.q_row0 + q0, work.head, batch_coordinate);
+      ++q_iteration;
+
+      for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
+        const int stage = kv_iteration % kStages;
+        const uint32_t phase = (kv_iteration / kStages) & 1;
+        sm90::mbarrier_wait(&kv_empty[stage], phase ^ 1);
+        const int key_row = view.k_row0 + tile * kBN;
+        sm90::mbarrier_arrive_expect_tx(&k_full[stage], Tr::kKVTileBytes);
+#pragma unroll
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_load_4d(k_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.k_map,
+                            &k_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
+        sm90::mbarrier_arrive_expect_tx(&v_full[stage], Tr::kKVTileBytes);
+#pragma unroll
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_load_4d(v_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.v_map,
+                            &v_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;        // which 64-row half of the query block
+  const int thread = threadIdx.x % 128;
+  const int warp = thread / 32;              // warp within the warpgroup: 16 rows each
+  const int lane = thread % 32;
+  const int group = lane / 4;                // row within an 8-row half of the warp's slab
+  const int thread_in_group = lane % 4;
+  const int warp_row0 = consumer * 64 + warp * 16;  // first row of this warp in the block
+
+  const uint32_t q_address = sm90::smem_address(q_smem);
+  const uint32_t k_address = sm90::smem_address(k_smem);
+  const uint32_t v_address = sm90::smem_address(v_smem);
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  uint32_t kv_iteration = 0, q_iteration = 0;
+  for (int index = blockIdx.x; index < args.num_work_tiles; index += gridDim.x) {
+    const WorkTile work = work_tile(args, index);
+    const SequenceView view = sequence_view(p, work.batch);
+    const int q0 = work.q_block * kBM;
+    if (q0 >= view.seqlen_q) continue;
+    const KeyTiles tiles = key_tiles<Tr>(p, view, q0);
+
+    float acc_o[kD / 2];
+    float row_max[2], row_sum[2];
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) acc_o[i] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[h] = -INFINITY;
+      row_sum[h] = 0.f;
+    }
+
+    if (tiles.last >= tiles.first) {
+      sm90::mbarrier_wait(q_full, q_iteration & 1);
+      ++q_iteration;
+      for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
+        const int stage = kv_iteration % kStages;
+        const uint32_t phase = (kv_iteration / kStages) & 1;
+
+        // S = Q K^T: 64 rows of this consumer x kBN keys, k16 steps over head_dim.
+        float acc_s[kBN / 2];
+        sm90::mbarrier_wait(&k_full[stage], phase);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kD / 16; ++ks) {
+          const uint32_t column_bytes = (ks % 4) * 32;  // k16 step within a 128-byte row
+          const uint64_t desc_q = sm90::make_smem_descriptor_sw128(
+              q_address + (ks / 4) * kBM * 128 + consumer * 64 * 128 + column_bytes, 16, 1024);
+          const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
+              k_address + stage * Tr::kKVTileBytes + (ks / 4) * kBN * 128 + column_bytes, 16,
+              1024);
+          sm90::wgmma_ss<kBN, Element>(acc_s, desc_q, desc_k, ks > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(acc_s);
+        // The last tile of the block has read Q: the producer may load the next one.
+        if (tile == tiles.first && lane == 0) sm90::mbarrier_arrive(q_empty);
+
+        // Mask tiles that some row of the block does not see whole.
+        const int k0 = tile * kBN;
+        const bool needs_mask =
+            k0 + kBN > view.seqlen_k ||
+            !tile_fully_visible(q0, q0 + kBM - 1, k0, k0 + kBN - 1, view.seqlen_q, view.seqlen_k,
+                                p.window_left, p.window_right);
+        if (needs_mask) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = q0 + warp_row0 + group + h * 8;
+            const KeyRange visible =
+                visible_keys(row, view.seqlen_q, view.seqlen_k, p.window_left, p.window_right);
+#pragma unroll
+            for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int key = k0 + n * 8 + thread_in_group * 2 + e;
+                if (!visible.contains(key)) acc_s[n * 4 + h * 2 + e] = -INFINITY;
+              }
+          }
+        }
+
+        // Online softmax in base 2; P overwrites S, O is rescaled in place.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float tile_max = row_max[h];
+#pragma unroll
+          for (int n = 0; n < kBN / 8; ++n)
+            tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          // Nothing visible yet: subtract 0 so exp2(-inf) gives 0, not NaN.
+          const float max_scaled = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
+          const float correction = fast_exp2(row_max[h] * scale_log2 - max_scaled);
+          row_max[h] = tile_max;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& s = acc_s[n * 4 + h * 2 + e];
+              s = fast_exp2(fmaf(s, scale_log2, -max_scaled));
+              sum += s;
+            }
+          row_sum[h] = row_sum[h] * correction + sum;
+#pragma unroll
+          for (int n = 0; n < kD / 8; ++n) {
+            acc_o[n * 4 + h * 2] *= correction;
+            acc_o[n * 4 + h * 2 + 1] *= correction;
+          }
+        }
+
+        // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
+        uint32_t p_frag[kBN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          p_frag[kk][0] = pack2<Element>(acc_s[kk * 8 + 0], acc_s[kk * 8 + 1]);
+          p_frag[kk][1] = pack2<Element>(acc_s[kk * 8 + 2], acc_s[kk * 8 + 3]);
+          p_frag[kk][2] = pack2<Element>(acc_s[kk * 8 + 4], acc_s[kk * 8 + 5]);
+          p_frag[kk][3] = pack2<Element>(acc_s[kk * 8 + 6], acc_s[kk * 8 + 7]);
+        }
+
+        // O += P V: V is (keys x head_dim) with head_dim contiguous, i.e. MN-major.
+        sm90::mbarrier_wait(&v_full[stage], phase);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          const uint64_t desc_v = sm90::make_smem_descriptor_sw128(
+              v_address + stage * Tr::kKVTileBytes + kk * 16 * 128, kBN * 128, 1024);
+          sm90::wgmma_rs<kD, Element>(acc_o, p_frag[kk], desc_v, 1);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(acc_o);
+        if (lane == 0) sm90::mbarrier_arrive(&kv_empty[stage]);
+      }
+    }
+
+    // Finalize: reduce the row sums over the quad, normalize, write LSE and O.
+    Element* o_ptr = static_cast<Element*>(p.out) + view.out_offset +
+                     static_cast<int64_t>(work.head) * p.out_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const bool any_visible = sum > 0.f;
+      const float inv_sum = any_visible ? 1.f / sum : 0.f;
+      const int row = q0 + warp_row0 + group + h * 8;
+      if (row < view.seqlen_q) {
+        if (p.lse != nullptr && thread_in_group == 0)
+          p.lse[work.batch * p.lse_batch_stride + work.head * p.lse_head_stride + view.lse_row0 +
+                row] = any_visible ? row_max[h] * p.softmax_scale + logf(sum) : -INFINITY;
+        Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n)
+          *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
+              pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host side.
+
+// A 4-D tensor map (head_dim, rows, heads, batch) over q, k or v with a box of
+// 64 elements x box_rows rows, 128-byte swizzle. Defined in fa3_wgmma_sm90.cu.
+enum class Operand { q, k, v };
+CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows);
+int multiprocessor_count();
+
+template <class Tr, typename Element>
+void launch_forward(const AttentionParams& params) {
+  auto kernel = fa3_forward_kernel<Tr, Element>;
+  FLASHLAB_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  KernelArguments args;
+  args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM);
+  args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
+  args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
+  args.params = params;
+  args.num_q_blocks = (params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  args.num_work_tiles = args.num_q_blocks * params.heads * params.batch;
+  if (args.num_work_tiles == 0) return;
+  const int grid = args.num_work_tiles < multiprocessor_count() ? args.num_work_tiles
+                                                                : multiprocessor_count();
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, static_cast<cudaStream_t>(params.stream)>>>(args);
+  FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90", params);
+}
+
+template <class Tr>
+void launch_for_dtype(const AttentionParams& params) {
+  if (params.dtype == DataType::bfloat16)
+    launch_forward<Tr, __nv_bfloat16>(params);
+  else
+    launch_forward<Tr, __half>(params);
+}
+
+template <int HeadDim>
+void run_head_dim(const AttentionParams& params);  // one fa3_wgmma_sm90_hdim<D>.cu each
+
+}  // namespace flashlab::fa3_wgmma_sm90

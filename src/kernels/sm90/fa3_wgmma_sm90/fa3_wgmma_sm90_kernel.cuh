@@ -43,13 +43,14 @@
 
 namespace flashlab::fa3_wgmma_sm90 {
 
-template <int HeadDim, int BlockN, int Stages>
+template <int HeadDim, int BlockN, int Stages, bool Pingpong = true>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = BlockN;
   static constexpr int kStages = Stages;
   static constexpr int kConsumers = 2;
+  static constexpr bool kPingpong = Pingpong;  // consumers take turns issuing GEMMs
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
   static constexpr int kQTileBytes = kBlockM * HeadDim * 2;
@@ -57,7 +58,7 @@ struct Traits {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
-  static constexpr int kBarrierBytes = 8 * (2 + 3 * kStages);
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kSmemBytes =
       kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
 
@@ -149,7 +150,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* q_empty = barriers + 1;
   uint64_t* k_full = barriers + 2;
   uint64_t* v_full = k_full + kStages;
-  uint64_t* kv_empty = v_full + kStages;
+  uint64_t* k_empty = v_full + kStages;  // K and V are released apart: K after S,
+  uint64_t* v_empty = k_empty + kStages;  // V after P V, one tile later
   constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
 
   const int warpgroup = threadIdx.x / 128;
@@ -159,7 +161,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&k_full[s], 1);
       sm90::mbarrier_init(&v_full[s], 1);
-      sm90::mbarrier_init(&kv_empty[s], kConsumerWarps);
+      sm90::mbarrier_init(&k_empty[s], kConsumerWarps);
+      sm90::mbarrier_init(&v_empty[s], kConsumerWarps);
     }
     sm90::fence_barrier_init();
   }
@@ -194,13 +197,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
         const int stage = kv_iteration % kStages;
         const uint32_t phase = (kv_iteration / kStages) & 1;
-        sm90::mbarrier_wait(&kv_empty[stage], phase ^ 1);
         const int key_row = view.k_row0 + tile * kBN;
+        sm90::mbarrier_wait(&k_empty[stage], phase ^ 1);
         sm90::mbarrier_arrive_expect_tx(&k_full[stage], Tr::kKVTileBytes);
 #pragma unroll
         for (int panel = 0; panel < Tr::kPanels; ++panel)
           sm90::tma_load_4d(k_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.k_map,
                             &k_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
+        sm90::mbarrier_wait(&v_empty[stage], phase ^ 1);
         sm90::mbarrier_arrive_expect_tx(&v_full[stage], Tr::kKVTileBytes);
 #pragma unroll
         for (int panel = 0; panel < Tr::kPanels; ++panel)
@@ -226,6 +230,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t v_address = sm90::smem_address(v_smem);
   const float scale_log2 = p.softmax_scale * kLog2e;
 
+  // Consumer 0 takes the first GEMM turn; every turn after is passed on.
+  if (Tr::kPingpong && consumer == 1) sm90::named_barrier_arrive(1, 256);
+
   uint32_t kv_iteration = 0, q_iteration = 0;
   for (int index = blockIdx.x; index < args.num_work_tiles; index += gridDim.x) {
     const WorkTile work = work_tile(args, index);
@@ -247,13 +254,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tiles.last >= tiles.first) {
       sm90::mbarrier_wait(q_full, q_iteration & 1);
       ++q_iteration;
-      for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
-        const int stage = kv_iteration % kStages;
-        const uint32_t phase = (kv_iteration / kStages) & 1;
 
-        // S = Q K^T: 64 rows of this consumer x kBN keys, k16 steps over head_dim.
-        float acc_s[kBN / 2];
-        sm90::mbarrier_wait(&k_full[stage], phase);
+      float acc_s[kBN / 2];
+      uint32_t p_frag[kBN / 16][4];
+      // S = Q K^T for the tile in `stage`: 64 rows of this consumer x kBN keys.
+      auto issue_qk = [&](int stage) {
         sm90::wgmma_fence();
 #pragma unroll
         for (int ks = 0; ks < kD / 16; ++ks) {
@@ -266,12 +271,21 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           sm90::wgmma_ss<kBN, Element>(acc_s, desc_q, desc_k, ks > 0);
         }
         sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        sm90::fence_registers(acc_s);
-        // The last tile of the block has read Q: the producer may load the next one.
-        if (tile == tiles.first && lane == 0) sm90::mbarrier_arrive(q_empty);
-
-        // Mask tiles that some row of the block does not see whole.
+      };
+      // O += P V: V is (keys x head_dim) with head_dim contiguous, i.e. MN-major.
+      auto issue_pv = [&](int stage) {
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          const uint64_t desc_v = sm90::make_smem_descriptor_sw128(
+              v_address + stage * Tr::kKVTileBytes + kk * 16 * 128, kBN * 128, 1024);
+          sm90::wgmma_rs<kD, Element>(acc_o, p_frag[kk], desc_v, 1);
+        }
+        sm90::wgmma_commit();
+      };
+      // Mask, then the online softmax in base 2: P overwrites S; returns each
+      // row's factor for O (applied once O is no longer in flight).
+      auto softmax = [&](int tile, float (&correction)[2]) {
         const int k0 = tile * kBN;
         const bool needs_mask =
             k0 + kBN > view.seqlen_k ||
@@ -292,8 +306,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               }
           }
         }
-
-        // Online softmax in base 2; P overwrites S, O is rescaled in place.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float tile_max = row_max[h];
@@ -304,27 +316,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
           // Nothing visible yet: subtract 0 so exp2(-inf) gives 0, not NaN.
           const float max_scaled = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
-          const float correction = fast_exp2(row_max[h] * scale_log2 - max_scaled);
+          correction[h] = fast_exp2(row_max[h] * scale_log2 - max_scaled);
           row_max[h] = tile_max;
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              float& s = acc_s[n * 4 + h * 2 + e];
-              s = fast_exp2(fmaf(s, scale_log2, -max_scaled));
-              sum += s;
+              float& value = acc_s[n * 4 + h * 2 + e];
+              value = fast_exp2(fmaf(value, scale_log2, -max_scaled));
+              sum += value;
             }
-          row_sum[h] = row_sum[h] * correction + sum;
-#pragma unroll
-          for (int n = 0; n < kD / 8; ++n) {
-            acc_o[n * 4 + h * 2] *= correction;
-            acc_o[n * 4 + h * 2 + 1] *= correction;
-          }
+          row_sum[h] = row_sum[h] * correction[h] + sum;
         }
-
-        // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
-        uint32_t p_frag[kBN / 16][4];
+      };
+      auto rescale_o = [&](const float (&correction)[2]) {
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            acc_o[n * 4 + h * 2] *= correction[h];
+            acc_o[n * 4 + h * 2 + 1] *= correction[h];
+          }
+      };
+      // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
+      auto convert_p = [&] {
 #pragma unroll
         for (int kk = 0; kk < kBN / 16; ++kk) {
           p_frag[kk][0] = pack2<Element>(acc_s[kk * 8 + 0], acc_s[kk * 8 + 1]);
@@ -332,21 +348,69 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           p_frag[kk][2] = pack2<Element>(acc_s[kk * 8 + 4], acc_s[kk * 8 + 5]);
           p_frag[kk][3] = pack2<Element>(acc_s[kk * 8 + 6], acc_s[kk * 8 + 7]);
         }
+      };
+      // Pingpong: the two consumers take turns to issue their GEMMs (named
+      // barriers 1 and 2), so one's softmax runs under the other's matmuls.
+      auto wait_turn = [&] {
+        if constexpr (Tr::kPingpong) sm90::named_barrier_sync(1 + consumer, 256);
+      };
+      auto pass_turn = [&] {
+        if constexpr (Tr::kPingpong) sm90::named_barrier_arrive(2 - consumer, 256);
+      };
+      auto release = [&](uint64_t* barrier) {
+        if (lane == 0) sm90::mbarrier_arrive(barrier);
+      };
 
-        // O += P V: V is (keys x head_dim) with head_dim contiguous, i.e. MN-major.
+      // Prologue: S for the first (highest) tile.
+      int stage = kv_iteration % kStages;
+      uint32_t phase = (kv_iteration / kStages) & 1;
+      float correction[2];
+      sm90::mbarrier_wait(&k_full[stage], phase);
+      wait_turn();
+      issue_qk(stage);
+      pass_turn();
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(acc_s);
+      release(&k_empty[stage]);
+      if (tiles.first == tiles.last) release(q_empty);
+      softmax(tiles.last, correction);
+      convert_p();
+
+      // Steady state: S of the next tile and P V of this one in flight
+      // together; the softmax of the next tile runs while P V finishes.
+      for (int tile = tiles.last - 1; tile >= tiles.first; --tile) {
+        const int next_stage = (kv_iteration + 1) % kStages;
+        const uint32_t next_phase = ((kv_iteration + 1) / kStages) & 1;
+        sm90::mbarrier_wait(&k_full[next_stage], next_phase);
         sm90::mbarrier_wait(&v_full[stage], phase);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          const uint64_t desc_v = sm90::make_smem_descriptor_sw128(
-              v_address + stage * Tr::kKVTileBytes + kk * 16 * 128, kBN * 128, 1024);
-          sm90::wgmma_rs<kD, Element>(acc_o, p_frag[kk], desc_v, 1);
-        }
-        sm90::wgmma_commit();
+        wait_turn();
+        issue_qk(next_stage);
+        issue_pv(stage);
+        pass_turn();
+        sm90::wgmma_wait<1>();  // S of the next tile is done; P V may still run
+        sm90::fence_registers(acc_s);
+        release(&k_empty[next_stage]);
+        if (tile == tiles.first) release(q_empty);
+        softmax(tile, correction);
         sm90::wgmma_wait<0>();
         sm90::fence_registers(acc_o);
-        if (lane == 0) sm90::mbarrier_arrive(&kv_empty[stage]);
+        release(&v_empty[stage]);
+        rescale_o(correction);
+        convert_p();
+        ++kv_iteration;
+        stage = next_stage;
+        phase = next_phase;
       }
+
+      // Epilogue: P V of the last tile.
+      sm90::mbarrier_wait(&v_full[stage], phase);
+      wait_turn();
+      issue_pv(stage);
+      pass_turn();
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(acc_o);
+      release(&v_empty[stage]);
+      ++kv_iteration;
     }
 
     // Finalize: reduce the row sums over the quad, normalize, write LSE and O.

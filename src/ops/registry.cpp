@@ -8,8 +8,6 @@ namespace flashlab {
 
 KernelVariant fa1_scalar_variant();
 KernelVariant fa2_mma_sm80_variant();
-KernelVariant fa1_scalar_planted_bug_variant();
-std::vector<KernelVariant> fa2_mma_sm80_tuning_variants();
 
 const std::vector<KernelVariant>& registered_kernels() {
   // "auto" picks the first kernel that supports a problem: fastest first.
@@ -17,19 +15,6 @@ const std::vector<KernelVariant>& registered_kernels() {
       fa2_mma_sm80_variant(),
       fa1_scalar_variant(),
   };
-  return kernels;
-}
-
-const std::vector<KernelVariant>& test_only_kernels() {
-  static const std::vector<KernelVariant> kernels = {
-      fa1_scalar_planted_bug_variant(),
-  };
-  return kernels;
-}
-
-const std::vector<KernelVariant>& tuning_kernels() {
-  // Alternative tilings of registered kernels, for flashlab-bench --sweep.
-  static const std::vector<KernelVariant> kernels = fa2_mma_sm80_tuning_variants();
   return kernels;
 }
 

@@ -7,7 +7,7 @@ WIDTHS; the output is checked in.
 """
 import pathlib
 
-WIDTHS = [64, 96, 128, 192, 256]  # N of m64nNk16: key-tile widths and head dims
+WIDTHS = [64, 80, 96, 128, 176, 192, 256]  # N of m64nNk16: key-tile widths and head dims
 OUT = pathlib.Path("src/kernels/common/wgmma_sm90_generated.h")
 
 

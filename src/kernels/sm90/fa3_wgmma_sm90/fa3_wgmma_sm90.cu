@@ -103,10 +103,6 @@ std::string unsupported_reason(const AttentionParams& params) {
            data_type_name(params.dtype);
   if (!is_supported_head_dim(params.head_dim))
     return "fa3_wgmma_sm90 supports head_dim 64, 128, 256; got " + std::to_string(params.head_dim);
-  if (params.device_compute_capability != 0 && params.device_compute_capability != 90)
-    return "fa3_wgmma_sm90 runs on compute capability 9.0 only (built as sm_90a); the device has " +
-           std::to_string(params.device_compute_capability / 10) + "." +
-           std::to_string(params.device_compute_capability % 10);
   if (params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     return "fa3_wgmma_sm90 needs heads to be a multiple of kv_heads; got " +
            std::to_string(params.heads) + "/" + std::to_string(params.kv_heads);
@@ -170,7 +166,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.summary =
       "FlashAttention-3 style forward for Hopper (TMA, wgmma, producer/consumer warpgroups, "
       "persistent grid), fp16/bf16, head_dim 64/128/256, causal/window, GQA, varlen; sm_90a only";
-  variant.min_compute_capability = 90;
+  variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = false;
   variant.unsupported_reason = fa3_wgmma_sm90::unsupported_reason;
   variant.tile_shape = tile_shape;

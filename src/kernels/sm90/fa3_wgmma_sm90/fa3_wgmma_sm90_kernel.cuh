@@ -3,11 +3,11 @@
 //
 // Algorithm: a persistent grid (one CTA per SM) walks (query block, head,
 // batch) work tiles, longest first under causal masks. Each CTA has three
-// warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 24
+// warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 32
 // registers, one thread issues TMA copies of the Q tile and of K and V tiles
 // into 128-byte-swizzled shared memory, through a kStages-deep ring of
 // mbarriers (K and V on separate barriers, so S = Q K^T starts before V has
-// landed). Warpgroups 1 and 2 are consumers (setmaxnreg raises them to 240
+// landed). Warpgroups 1 and 2 are consumers (setmaxnreg raises them to 240 (160 with three)
 // registers), each owning 64 query rows: S = Q K^T on wgmma with both operands
 // in shared memory, the mask (sequence end, causal / sliding window,
 // bottom-right aligned) only on tiles that need it, the online softmax in base
@@ -43,20 +43,21 @@
 
 namespace flashlab::fa3_wgmma_sm90 {
 
-template <int HeadDim, int BlockN, int Stages, bool Pingpong = true>
+template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockM = 128;
+  static constexpr int kConsumers = Consumers;  // consumer warpgroups, 64 query rows each
+  static constexpr int kBlockM = 64 * Consumers;
   static constexpr int kBlockN = BlockN;
   static constexpr int kStages = Stages;
-  static constexpr int kConsumers = 2;
   static constexpr bool kPingpong = Pingpong;  // consumers take turns issuing GEMMs
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
   static constexpr int kQTileBytes = kBlockM * HeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // setmaxnreg: 512 registers per thread slot across the warpgroups, in steps of 8.
+  static constexpr int kProducerRegisters = 32;
+  static constexpr int kConsumerRegisters = (512 - kProducerRegisters) / Consumers / 8 * 8;
   // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kSmemBytes =
@@ -230,8 +231,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t v_address = sm90::smem_address(v_smem);
   const float scale_log2 = p.softmax_scale * kLog2e;
 
-  // Consumer 0 takes the first GEMM turn; every turn after is passed on.
-  if (Tr::kPingpong && consumer == 1) sm90::named_barrier_arrive(1, 256);
+  // Consumer 0 takes the first GEMM turn; every turn after is passed on in a ring.
+  if (Tr::kPingpong && consumer == Tr::kConsumers - 1) sm90::named_barrier_arrive(1, 256);
 
   uint32_t kv_iteration = 0, q_iteration = 0;
   for (int index = blockIdx.x; index < args.num_work_tiles; index += gridDim.x) {
@@ -355,7 +356,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if constexpr (Tr::kPingpong) sm90::named_barrier_sync(1 + consumer, 256);
       };
       auto pass_turn = [&] {
-        if constexpr (Tr::kPingpong) sm90::named_barrier_arrive(2 - consumer, 256);
+        if constexpr (Tr::kPingpong)
+          sm90::named_barrier_arrive(1 + (consumer + 1) % Tr::kConsumers, 256);
       };
       auto release = [&](uint64_t* barrier) {
         if (lane == 0) sm90::mbarrier_arrive(barrier);

@@ -17,8 +17,6 @@ struct AttentionOptions {
   std::string kernel = "auto";          // a registered kernel name, or "auto"
   int window_left = -1;                 // -1: unbounded
   int window_right = -1;                // -1: unbounded; causal forces 0
-  TileTrace trace;                      // optional per-tile state recording
-  bool allow_test_only_kernels = false;  // lets `kernel` name a test_only_kernels() or tuning_kernels() entry
 };
 
 struct AttentionOutput {
@@ -39,6 +37,16 @@ void attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::
 // does. Throws c10::Error with the reason otherwise.
 const KernelVariant& select_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionOptions& options);
+
+// The lower-level entry: runs `kernel` on a parameter block from make_params /
+// make_varlen_params, which the caller may extend (a tile trace, say). Checks
+// that the kernel can run it (cannot_run_reason: the problem, the device's
+// compute capability, tracing; throws c10::Error with the reason), allocates the
+// kernel's workspace (KernelVariant::workspace_bytes) with torch's caching
+// allocator, and launches on params.stream, or on the current stream of the
+// current device when that is null. Nothing to launch when seqlen_q or batch is
+// 0. The tensors behind the pointers are not checked: attention_forward does that.
+void run_kernel(const KernelVariant& kernel, const AttentionParams& params);
 
 // The parameter block for these tensors (no launch, no device access).
 AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

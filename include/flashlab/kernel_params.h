@@ -3,6 +3,7 @@
 // the registry header, so they compile in seconds instead of minutes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -71,8 +72,43 @@ struct AttentionParams {
 
   TileTrace trace;
 
+  // Device scratch of KernelVariant::workspace_bytes(params) bytes, allocated by
+  // the op library (torch's caching allocator) before the launch: kernels never
+  // allocate. Uninitialized; nullptr / 0 when the kernel asks for none.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+
   int device_compute_capability = 0;  // e.g. 90 for sm_90; 0 when unknown
   void* stream = nullptr;             // cudaStream_t
+};
+
+// The backward pass: the forward block (q, k, v, out, lse and the problem as
+// the forward saw it) plus the gradients. Same conventions: strides in
+// elements, (batch, seqlen, heads, head_dim) with head_dim contiguous; batch
+// strides ignored for variable-length batches.
+struct AttentionBackwardParams : AttentionParams {
+  const void* dout = nullptr;  // dL/dout, like out
+  int64_t dout_batch_stride = 0, dout_row_stride = 0, dout_head_stride = 0;
+
+  void* dq = nullptr;  // like q
+  void* dk = nullptr;  // like k (kv_heads)
+  void* dv = nullptr;  // like v (kv_heads)
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  // rowsum(dout * out) per (batch, head, row), float32, laid out like lse
+  // (lse_batch_stride, lse_head_stride and the varlen row offset).
+  float* softmax_d = nullptr;
+
+  // float32 accumulator for dq, (batch, seqlen_q, heads, head_dim) with these
+  // strides (varlen: packed rows), zeroed before the launch: kernels that walk
+  // query tiles per key tile add partial dq here and convert at the end.
+  float* dq_accum = nullptr;
+  int64_t dq_accum_batch_stride = 0, dq_accum_row_stride = 0, dq_accum_head_stride = 0;
+
+  // Bitwise reproducible dq (no float atomics in a run-dependent order).
+  bool deterministic = false;
 };
 
 }  // namespace flashlab

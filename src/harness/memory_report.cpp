@@ -43,14 +43,24 @@ std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vecto
   for (const int seqlen : seqlens) {
     spec.seqlen_q = spec.seqlen_k = seqlen;
     const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
-    const AttentionOptions options = spec.attention_options();
+    const KernelVariant& kernel = resolve_kernel(spec, inputs);
     const double scale = spec.softmax_scale.value_or(1.0 / std::sqrt(double(spec.head_dim)));
+    // What attention_forward does: allocate out and lse, then run (the workspace, if any,
+    // is allocated inside run_kernel).
+    const auto fused = [&] {
+      const at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
+      const at::Tensor lse = at::empty({spec.batch, spec.heads, seqlen}, inputs.q.options().dtype(at::kFloat));
+      run_kernel(kernel, forward_params(spec, inputs, out, lse));
+    };
     MemoryMeasurement row;
     row.seqlen = seqlen;
+    row.kernel = kernel.name;
+    row.workspace_bytes =
+        kernel.workspace_bytes == nullptr ? 0 : kernel.workspace_bytes(forward_params(spec, inputs));
     // Warm up first so that one-time allocations (cuBLAS workspaces) are not counted.
-    attention_forward(inputs.q, inputs.k, inputs.v, options);
+    fused();
     naive_attention(inputs.q, inputs.k, inputs.v, scale, spec.causal);
-    row.kernel_bytes = peak_bytes_during([&] { attention_forward(inputs.q, inputs.k, inputs.v, options); });
+    row.kernel_bytes = peak_bytes_during(fused);
     row.naive_bytes = peak_bytes_during([&] { naive_attention(inputs.q, inputs.k, inputs.v, scale, spec.causal); });
     rows.push_back(row);
   }
@@ -63,12 +73,14 @@ std::string format_memory_table(const ProblemSpec& spec, const std::vector<Memor
        << spec.heads << "/" << spec.kv_heads << ", head_dim " << spec.head_dim << ", "
        << c10::toString(spec.dtype) << (spec.causal ? ", causal" : "") << ")\n";
   char line[160];
-  std::snprintf(line, sizeof line, "%8s %16s %16s %8s\n", "seqlen", "fused bytes", "naive bytes", "saving");
+  if (!rows.empty()) text << "kernel " << rows.front().kernel << "\n";
+  std::snprintf(line, sizeof line, "%8s %16s %16s %16s %8s\n", "seqlen", "fused bytes", "of which workspace",
+                "naive bytes", "saving");
   text << line;
   for (const auto& row : rows) {
-    std::snprintf(line, sizeof line, "%8d %16lld %16lld %7.1f%%\n", row.seqlen,
-                  static_cast<long long>(row.kernel_bytes), static_cast<long long>(row.naive_bytes),
-                  100 * row.saving());
+    std::snprintf(line, sizeof line, "%8d %16lld %16lld %16lld %7.1f%%\n", row.seqlen,
+                  static_cast<long long>(row.kernel_bytes), static_cast<long long>(row.workspace_bytes),
+                  static_cast<long long>(row.naive_bytes), 100 * row.saving());
     text << line;
   }
   return text.str();

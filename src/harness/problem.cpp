@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "flashlab/cuda_check.h"
+#include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/harness/random_inputs.h"
 #include "flashlab/harness/reference.h"
@@ -85,7 +86,6 @@ AttentionOptions ProblemSpec::attention_options() const {
   options.kernel = kernel;
   options.window_left = window_left;
   options.window_right = window_right;
-  options.allow_test_only_kernels = true;  // the harness may run planted-bug kernels by name
   return options;
 }
 
@@ -173,9 +173,8 @@ std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& s
                          spec.attention_options());
     params.batch = spec.batch;
   }
-  if (compute_capability > 0 && compute_capability < kernel.min_compute_capability)
-    return kernel.name + " needs compute capability " + std::to_string(kernel.min_compute_capability);
-  return kernel.unsupported_reason(params);
+  params.device_compute_capability = compute_capability;
+  return cannot_run_reason(kernel, params);
 }
 
 std::string cuda_unavailable_reason() {
@@ -192,6 +191,15 @@ std::string cuda_unavailable_reason() {
 
 const KernelVariant& resolve_kernel(const ProblemSpec& spec, const ProblemInputs& inputs) {
   const AttentionOptions options = spec.attention_options();
+  // Developer kernels (planted bug, tuning configurations) by name.
+  if (spec.kernel != "auto" && find_kernel(spec.kernel) == nullptr)
+    if (const KernelVariant* dev = find_any_kernel(spec.kernel)) {
+      const AttentionParams params = forward_params(spec, inputs);
+      const std::string reason = cannot_run_reason(*dev, params);
+      TORCH_CHECK(reason.empty(), "kernel ", dev->name, " cannot run ", describe_problem(params),
+                  ": ", reason);
+      return *dev;
+    }
   return spec.is_varlen()
              ? select_varlen_kernel(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
                                     inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
@@ -225,14 +233,7 @@ ForwardOutputs poisoned_forward_outputs(const ProblemSpec& spec, const ProblemIn
 
 void run_forward(const KernelVariant& kernel, const ProblemSpec& spec, const ProblemInputs& inputs,
                  const ForwardOutputs& outputs) {
-  AttentionOptions options = spec.attention_options();
-  options.kernel = kernel.name;
-  if (spec.is_varlen())
-    attention_varlen_forward_into(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
-                                  inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
-                                  outputs.out, outputs.lse, options);
-  else
-    attention_forward_into(inputs.q, inputs.k, inputs.v, outputs.out, outputs.lse, options);
+  run_kernel(kernel, forward_params(spec, inputs, outputs.out, outputs.lse));
 }
 
 ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,

@@ -74,10 +74,8 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   TORCH_CHECK(unavailable.empty(), "tile tracing needs a GPU: ", unavailable);
   const at::Device device(at::kCUDA, 0);
   const ProblemInputs inputs = make_inputs(spec, device);
-  AttentionOptions options = spec.attention_options();
-  options.kernel = kernel.name;
-  options.allow_test_only_kernels = true;
-  const AttentionParams params = make_params(inputs.q, inputs.k, inputs.v, {}, {}, options);
+  const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
+  AttentionParams params = forward_params(spec, inputs, outputs.out, outputs.lse);
 
   TileTraceReport report;
   report.kernel = kernel.name;
@@ -89,10 +87,10 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   const at::Tensor row_max = at::full({spec.batch, spec.heads, spec.seqlen_q, report.key_tiles},
                                       std::numeric_limits<double>::quiet_NaN(), float_options);
   const at::Tensor row_sum = at::full_like(row_max, std::numeric_limits<double>::quiet_NaN());
-  options.trace.row_max = row_max.data_ptr<float>();
-  options.trace.row_sum = row_sum.data_ptr<float>();
-  options.trace.num_key_tiles = static_cast<int>(report.key_tiles);
-  const AttentionOutput output = attention_forward(inputs.q, inputs.k, inputs.v, options);
+  params.trace.row_max = row_max.data_ptr<float>();
+  params.trace.row_sum = row_sum.data_ptr<float>();
+  params.trace.num_key_tiles = static_cast<int>(report.key_tiles);
+  run_kernel(kernel, params);
   FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
 
   const ExpectedTileStates expected = expected_tile_states(

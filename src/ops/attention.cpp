@@ -4,6 +4,7 @@
 #include "flashlab/attention.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -231,7 +232,6 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
       options.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
   params.window_left = options.window_left;
   params.window_right = options.causal ? 0 : options.window_right;
-  params.trace = options.trace;
   params.device_compute_capability = device_compute_capability(q);
   return params;
 }
@@ -241,46 +241,57 @@ namespace {
 // The kernel for an already validated parameter block (see select_kernel).
 const KernelVariant& select_kernel_for(const AttentionParams& params,
                                        const AttentionOptions& options) {
-  const bool want_trace = options.trace.enabled();
-  auto capability_reason = [&](const KernelVariant& kernel) -> std::string {
-    if (params.device_compute_capability == 0 ||
-        params.device_compute_capability >= kernel.min_compute_capability)
-      return {};
-    return "kernel " + kernel.name + " needs compute capability " +
-           std::to_string(kernel.min_compute_capability) + " or newer; this device has " +
-           std::to_string(params.device_compute_capability);
-  };
   if (options.kernel == "auto") {
     std::string reasons;
     for (const auto& kernel : registered_kernels()) {
-      std::string reason = kernel.unsupported_reason(params);
-      if (reason.empty()) reason = capability_reason(kernel);
-      if (reason.empty() && want_trace && !kernel.supports_tile_trace)
-        reason = kernel.name + " does not record tile traces";
+      const std::string reason = cannot_run_reason(kernel, params);
       if (reason.empty()) return kernel;
       reasons += "\n  " + reason;
     }
     TORCH_CHECK(false, "no registered kernel can run ", describe_problem(params), ":", reasons);
   }
-  const KernelVariant* kernel = find_kernel(options.kernel, options.allow_test_only_kernels);
+  const KernelVariant* kernel = find_kernel(options.kernel);
   TORCH_CHECK(kernel != nullptr, "unknown kernel '", options.kernel,
               "'; registered kernels: ", registered_kernel_names(), " (or auto)");
   const std::string reason = kernel->unsupported_reason(params);
   TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run ", describe_problem(params),
               ": ", reason);
-  TORCH_CHECK(!want_trace || kernel->supports_tile_trace, "kernel ", kernel->name,
-              " does not record tile traces; kernels that do: ", [] {
-                std::string names;
-                for (const auto& other : registered_kernels())
-                  if (other.supports_tile_trace) names += (names.empty() ? "" : ", ") + other.name;
-                return names;
-              }());
-  const std::string capability = capability_reason(*kernel);
-  TORCH_CHECK(capability.empty(), capability);
+  const std::string device_reason = cannot_run_reason(*kernel, params);
+  TORCH_CHECK(device_reason.empty(), device_reason);
   return *kernel;
 }
 
+// run_kernel once the kernel is known to take params.
+void launch_checked(const KernelVariant& kernel, AttentionParams params) {
+  if (params.seqlen_q == 0 || params.batch == 0) return;  // no row to write, no grid to launch
+  const c10::DeviceIndex device = c10::cuda::current_device();
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  if (params.stream == nullptr) params.stream = current.stream();
+  at::Tensor workspace;
+  if (kernel.workspace_bytes != nullptr) {
+    params.workspace_bytes = kernel.workspace_bytes(params);
+    if (params.workspace_bytes > 0) {
+      workspace = at::empty({static_cast<int64_t>(params.workspace_bytes)},
+                            at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
+      params.workspace = workspace.data_ptr();
+      // Freed when this returns: the caching allocator keeps it for the stream's later work.
+      const auto stream = static_cast<cudaStream_t>(params.stream);
+      if (stream != current.stream())
+        c10::cuda::CUDACachingAllocator::recordStream(
+            workspace.storage().data_ptr(), c10::cuda::getStreamFromExternal(stream, device));
+    }
+  }
+  kernel.launch(params);
+}
+
 }  // namespace
+
+void run_kernel(const KernelVariant& kernel, const AttentionParams& params) {
+  const std::string reason = cannot_run_reason(kernel, params);
+  TORCH_CHECK(reason.empty(), "kernel ", kernel.name, " cannot run ", describe_problem(params), ": ",
+              reason);
+  launch_checked(kernel, params);
+}
 
 const KernelVariant& select_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionOptions& options) {
@@ -296,9 +307,7 @@ void attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::
   check_output_buffers(q, out, lse);
   TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
   const c10::cuda::CUDAGuard device_guard(q.device());
-  AttentionParams params = make_params(q, k, v, out, lse, options);
-  params.stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  kernel.launch(params);
+  launch_checked(kernel, make_params(q, k, v, out, lse, options));
 }
 
 AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -346,12 +355,10 @@ void attention_varlen_forward_into(const at::Tensor& q, const at::Tensor& k, con
                                                      max_seqlen_q, max_seqlen_k, options);
   check_varlen_output_buffers(q, out, lse);
   TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  if (max_seqlen_q == 0) return;  // every sequence is empty: no row to write, no grid to launch
   const c10::cuda::CUDAGuard device_guard(q.device());
-  AttentionParams params = make_varlen_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                              max_seqlen_k, out, lse, options);
-  params.stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  kernel.launch(params);
+  // max_seqlen_q 0 (every sequence empty) launches nothing.
+  launch_checked(kernel, make_varlen_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                            max_seqlen_k, out, lse, options));
 }
 
 AttentionOutput attention_varlen_forward(const at::Tensor& q, const at::Tensor& k,

@@ -1,39 +1,58 @@
-// The one list of kernel variants. Adding a kernel: write its folder under
-// src/kernels/, declare its variant function here and append it to the list.
+// The one list of registered kernel variants. Adding a kernel: write its folder
+// under src/kernels/<family>/, declare its variant function here and put it in
+// the list (fastest first). Developer kernels are listed in
+// src/kernels/dev/dev_kernels.cpp instead.
 #include <algorithm>
 
 #include "flashlab/kernel_registry.h"
 
 namespace flashlab {
 
-KernelVariant fa1_scalar_variant();
-KernelVariant fa2_mma_sm80_variant();
+KernelVariant fa1_scalar_variant();    // flashlab_kernels_sm80
+KernelVariant fa2_mma_sm80_variant();  // flashlab_kernels_sm80
+// KernelVariant fa3_wgmma_sm90_variant();  // flashlab_kernels_sm90a
 
 const std::vector<KernelVariant>& registered_kernels() {
-  // "auto" picks the first kernel that supports a problem: fastest first.
+  // "auto" picks the first kernel that supports a problem and the device: fastest first.
   static const std::vector<KernelVariant> kernels = {
+      // fa3_wgmma_sm90_variant(),  // sm_90a library: uncomment when it lands (before fa2)
       fa2_mma_sm80_variant(),
       fa1_scalar_variant(),
   };
   return kernels;
 }
 
-const KernelVariant* find_kernel(std::string_view name, bool include_test_only) {
-  auto named = [&](const KernelVariant& kernel) { return kernel.name == name; };
+const KernelVariant* find_kernel(std::string_view name) {
   const auto& kernels = registered_kernels();
-  if (auto found = std::find_if(kernels.begin(), kernels.end(), named); found != kernels.end())
-    return &*found;
-  if (!include_test_only) return nullptr;
-  for (const auto* list : {&test_only_kernels(), &tuning_kernels()})
-    if (auto found = std::find_if(list->begin(), list->end(), named); found != list->end())
-      return &*found;
-  return nullptr;
+  const auto found = std::find_if(kernels.begin(), kernels.end(),
+                                  [&](const KernelVariant& kernel) { return kernel.name == name; });
+  return found == kernels.end() ? nullptr : &*found;
 }
 
 std::string registered_kernel_names() {
   std::string names;
   for (const auto& kernel : registered_kernels()) names += (names.empty() ? "" : ", ") + kernel.name;
   return names;
+}
+
+std::string compute_capability_text(int compute_capability) {
+  return std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
+}
+
+std::string architecture_reason(const KernelVariant& kernel, int compute_capability) {
+  if (compute_capability == 0 || kernel.architectures.runs_on == nullptr ||
+      kernel.architectures.runs_on(compute_capability))
+    return {};
+  return kernel.name + " runs on " + kernel.architectures.description + "; this device has " +
+         compute_capability_text(compute_capability);
+}
+
+std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params) {
+  std::string reason = kernel.unsupported_reason(params);
+  if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
+  if (reason.empty() && params.trace.enabled() && !kernel.supports_tile_trace)
+    reason = kernel.name + " does not record tile states (supports_tile_trace is off)";
+  return reason;
 }
 
 }  // namespace flashlab

@@ -37,6 +37,7 @@
 #include "flashlab/cuda_check.h"
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/kernel_registry.h"
+#include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
 
@@ -211,10 +212,17 @@ std::function<void()> make_call(const std::string& implementation, const Problem
       at::scaled_dot_product_attention(q, k, v, {}, 0.0, spec.causal, std::nullopt, gqa);
     };
   }
-  const flashlab::AttentionOptions options = spec.attention_options();
   at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
   at::Tensor lse = at::empty({spec.batch, spec.heads, spec.seqlen_q}, inputs.q.options().dtype(at::kFloat));
-  return [=] { flashlab::attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, options); };
+  if (flashlab::find_kernel(implementation) != nullptr) {
+    // A registered kernel: the public call, validation and dispatch included.
+    const flashlab::AttentionOptions options = spec.attention_options();
+    return [=] { flashlab::attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, options); };
+  }
+  // A tuning configuration: the harness's entry (validates, then launches).
+  const flashlab::KernelVariant* kernel = flashlab::find_any_kernel(implementation);
+  const flashlab::AttentionParams params = flashlab::forward_params(spec, inputs, out, lse);
+  return [=] { flashlab::run_kernel(*kernel, params); };
 }
 
 void run_benchmark(benchmark::State& state, const std::string& case_name,
@@ -354,7 +362,7 @@ int main(int argc, char** argv) {
           spec.kernel = implementation.rfind("sdpa_", 0) == 0 ? "auto" : implementation;
           if (implementation.rfind("sdpa_", 0) != 0) {
             const std::string reason = flashlab::unsupported_reason(
-                *flashlab::find_kernel(implementation, /*include_test_only=*/true), spec);
+                *flashlab::find_any_kernel(implementation), spec);
             if (!reason.empty()) continue;
           }
           benchmark::RegisterBenchmark((case_name + "/" + implementation).c_str(),

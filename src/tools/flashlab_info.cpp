@@ -70,11 +70,12 @@ int main() {
               yes_no(capability >= 90), yes_no(capability == 90), yes_no(capability >= 89));
   std::printf("measured device-to-device copy: %.0f GB/s (read + write, 1 GiB, median of 10)\n",
               measure_copy_bandwidth_gbs());
-  std::printf("registered kernels on this GPU:\n");
+  std::printf("registered kernels on this GPU (compute capability %s):\n",
+              flashlab::compute_capability_text(capability).c_str());
   for (const auto& kernel : flashlab::registered_kernels()) {
-    const bool runs = capability >= kernel.min_compute_capability;
-    std::printf("  %-16s %s  %s\n", kernel.name.c_str(),
-                runs ? "runs   " : "no     ", kernel.summary.c_str());
+    const bool runs = kernel.architectures.runs_on(capability);
+    std::printf("  %-16s %s  %s\n", kernel.name.c_str(), runs ? "runs" : "no  ", kernel.summary.c_str());
+    std::printf("  %-16s       runs on %s\n", "", kernel.architectures.description);
   }
   return 0;
 }

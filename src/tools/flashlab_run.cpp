@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "flashlab/kernel_registry.h"
+#include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
 #include "flashlab/harness/tile_trace.h"
@@ -195,7 +196,7 @@ Arguments parse_arguments(int argc, char** argv) {
 int run_tile_trace(const Arguments& arguments) {
   const flashlab::KernelVariant* kernel =
       arguments.spec.kernel == "auto" ? nullptr
-                                      : flashlab::find_kernel(arguments.spec.kernel, /*include_test_only=*/true);
+                                      : flashlab::find_any_kernel(arguments.spec.kernel);
   TORCH_CHECK(kernel != nullptr, "--trace-tiles needs --kernel NAME of a kernel that records tile states; got '",
               arguments.spec.kernel, "'");
   const flashlab::TileTraceReport report = flashlab::trace_tiles(arguments.spec, *kernel);

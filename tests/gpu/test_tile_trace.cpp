@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "flashlab/kernel_registry.h"
+#include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/problem.h"
 #include "flashlab/harness/tile_trace.h"
 #include "test_support.h"
@@ -41,7 +42,7 @@ TEST(TileTrace, RecordedStatesMatchForEveryTracingKernel) {
 
 TEST(TileTrace, NamesKeyTileOneAndRunningMaxOnThePlantedBug) {
   FLASHLAB_REQUIRE_GPU();
-  const KernelVariant* planted = find_kernel("fa1_scalar_planted_bug", /*include_test_only=*/true);
+  const KernelVariant* planted = find_any_kernel("fa1_scalar_planted_bug");
   ASSERT_NE(planted, nullptr);
   const ProblemSpec spec = traced_problem(planted->name);
 

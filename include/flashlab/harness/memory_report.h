@@ -13,7 +13,9 @@ namespace flashlab {
 
 struct MemoryMeasurement {
   int seqlen = 0;
-  int64_t kernel_bytes = 0;  // peak bytes allocated during attention_forward (out + lse + workspace)
+  std::string kernel;           // the kernel that ran ("auto" resolved)
+  int64_t kernel_bytes = 0;     // peak bytes allocated by one fused call (out + lse + workspace)
+  int64_t workspace_bytes = 0;  // the kernel's workspace query (KernelVariant::workspace_bytes)
   int64_t naive_bytes = 0;   // the same for matmul -> softmax -> matmul in the input dtype
   double saving() const { return naive_bytes > 0 ? 1.0 - double(kernel_bytes) / naive_bytes : 0; }
 };

@@ -1,8 +1,10 @@
 // The developer kernels: test-only kernels with planted bugs and the tuning
-// configurations of registered kernels. Linked by the tools and tests only.
-#include <vector>
+// configurations of registered kernels (flashlab/harness/dev_kernels.h).
+// Adding one: a folder under src/kernels/dev/, its variant function declared
+// and listed here.
+#include "flashlab/harness/dev_kernels.h"
 
-#include "flashlab/kernel_registry.h"
+#include <algorithm>
 
 namespace flashlab {
 
@@ -17,9 +19,25 @@ const std::vector<KernelVariant>& test_only_kernels() {
 }
 
 const std::vector<KernelVariant>& tuning_kernels() {
-  // Alternative tilings of registered kernels, for flashlab-bench --sweep.
   static const std::vector<KernelVariant> kernels = fa2_mma_sm80_tuning_variants();
   return kernels;
+}
+
+const KernelVariant* find_any_kernel(std::string_view name) {
+  if (const KernelVariant* registered = find_kernel(name)) return registered;
+  for (const auto* list : {&test_only_kernels(), &tuning_kernels()}) {
+    const auto found = std::find_if(list->begin(), list->end(),
+                                    [&](const KernelVariant& kernel) { return kernel.name == name; });
+    if (found != list->end()) return &*found;
+  }
+  return nullptr;
+}
+
+std::string dev_kernel_names() {
+  std::string names;
+  for (const auto* list : {&test_only_kernels(), &tuning_kernels()})
+    for (const auto& kernel : *list) names += (names.empty() ? "" : ", ") + kernel.name;
+  return names;
 }
 
 }  // namespace flashlab

@@ -10,7 +10,7 @@ KernelVariant fa1_scalar_planted_bug_variant() {
   KernelVariant variant;
   variant.name = "fa1_scalar_planted_bug";
   variant.summary = "TEST-ONLY fa1_scalar with a wrong index when the running max is stored";
-  variant.min_compute_capability = 70;
+  variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = true;
   variant.unsupported_reason = fa1_scalar::unsupported_reason;
   variant.tile_shape = fa1_scalar::tile_shape;

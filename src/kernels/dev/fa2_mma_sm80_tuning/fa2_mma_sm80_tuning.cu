@@ -62,7 +62,7 @@ KernelVariant make_variant() {
                     " m16 row slab" + (Tr::kMTiles > 1 ? "s" : "") + " each, " + std::to_string(Tr::kStages) + "-stage K/V ring, Q in " +
                     (Tr::kQInRegs ? "registers" : "shared memory") + ", " +
                     std::to_string(Tr::kSmemBytes / 1024) + " KB shared memory; fp16/bf16";
-  variant.min_compute_capability = 80;
+  variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = false;
   variant.unsupported_reason = config_unsupported_reason<Tr>;
   variant.tile_shape = config_tile_shape<Tr>;

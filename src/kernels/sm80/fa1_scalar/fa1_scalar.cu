@@ -10,7 +10,7 @@ KernelVariant fa1_scalar_variant() {
   variant.summary =
       "FlashAttention-1 forward, one thread per query row, float32 scalar math, "
       "64x32 tiles, head_dim <= 128, fp32/fp16/bf16";
-  variant.min_compute_capability = 70;
+  variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = true;
   variant.unsupported_reason = fa1_scalar::unsupported_reason;
   variant.tile_shape = fa1_scalar::tile_shape;

@@ -38,10 +38,6 @@ std::string fa2_mma_sm80::unsupported_reason(const AttentionParams& params) {
   if (!is_supported_head_dim(params.head_dim))
     return "fa2_mma_sm80 supports head_dim 32, 64, 96, 128, 256; got " +
            std::to_string(params.head_dim);
-  if (params.device_compute_capability != 0 && params.device_compute_capability < 80)
-    return "fa2_mma_sm80 needs compute capability 8.0 or newer; the device has " +
-           std::to_string(params.device_compute_capability / 10) + "." +
-           std::to_string(params.device_compute_capability % 10);
   if (params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     return "fa2_mma_sm80 needs heads to be a multiple of kv_heads; got " +
            std::to_string(params.heads) + "/" + std::to_string(params.kv_heads);
@@ -106,7 +102,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.summary =
       "FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async "
       "double buffering), fp16/bf16, head_dim 32/64/96/128/256, causal/window, GQA, varlen";
-  variant.min_compute_capability = 80;
+  variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = false;
   variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;
   variant.tile_shape = tile_shape;

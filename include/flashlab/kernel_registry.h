@@ -48,6 +48,10 @@ struct KernelVariant {
   std::string summary;  // one line: algorithm and limits
   Architectures architectures;  // kSm80OrNewer, kSm90aOnly: the library the kernel is in
   bool supports_tile_trace = false;
+  // The order a query block visits its key tiles (the tile trace's running
+  // states follow it): ascending, or from the last tile down (fa3, so the
+  // tiles a causal diagonal cuts come first).
+  bool key_tiles_descending = false;
 
   // Empty string when the kernel can run the problem, else a sentence naming
   // what was given and what the kernel accepts. Must not touch the device. The

@@ -28,7 +28,8 @@ at::Tensor states_differ(const at::Tensor& actual, const at::Tensor& expected) {
 }  // namespace
 
 ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k, double softmax_scale,
-                                        int window_left, int window_right, int block_k) {
+                                        int window_left, int window_right, int block_k,
+                                        bool descending) {
   const int64_t heads = q.size(2), kv_heads = k.size(2), seqlen_q = q.size(1), seqlen_k = k.size(1);
   const int64_t key_tiles = (seqlen_k + block_k - 1) / block_k;
   const at::Tensor query = q.to(at::kDouble).transpose(1, 2);
@@ -46,10 +47,11 @@ ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k
       finite_tile, at::exp(scores - safe_tile_max.unsqueeze(-1)).sum(-1), at::zeros_like(tile_max));
 
   // The online recurrence, tile by tile, in float64.
-  std::vector<at::Tensor> maxima, sums;
+  std::vector<at::Tensor> maxima(key_tiles), sums(key_tiles);
   at::Tensor running_max = at::full_like(tile_max.select(-1, 0), kMinusInfinity);
   at::Tensor running_sum = at::zeros_like(running_max);
-  for (int64_t tile = 0; tile < key_tiles; ++tile) {
+  for (int64_t step = 0; step < key_tiles; ++step) {
+    const int64_t tile = descending ? key_tiles - 1 - step : step;
     const at::Tensor this_max = tile_max.select(-1, tile);
     const at::Tensor new_max = at::maximum(running_max, this_max);
     const at::Tensor seen = at::isfinite(new_max);
@@ -61,8 +63,8 @@ ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k
                                       rescaled(this_max, tile_sum.select(-1, tile)),
                             at::zeros_like(running_sum));
     running_max = new_max;
-    maxima.push_back(running_max);
-    sums.push_back(running_sum);
+    maxima[tile] = running_max;
+    sums[tile] = running_sum;
   }
   return {at::stack(maxima, -1), at::stack(sums, -1)};
 }
@@ -81,6 +83,7 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   report.kernel = kernel.name;
   report.problem = spec.describe();
   report.tiles = kernel.tile_shape(params);
+  report.key_tiles_descending = kernel.key_tiles_descending;
   report.key_tiles = (spec.seqlen_k + report.tiles.block_k - 1) / report.tiles.block_k;
   const auto float_options = inputs.q.options().dtype(at::kFloat);
   // NaN marks (row, tile) states the kernel never wrote: tiles skipped whole.
@@ -95,7 +98,7 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
 
   const ExpectedTileStates expected = expected_tile_states(
       inputs.q, inputs.k, params.softmax_scale, params.window_left, params.window_right,
-      report.tiles.block_k);
+      report.tiles.block_k, kernel.key_tiles_descending);
   const at::Tensor recorded = at::isnan(row_max).logical_not();
   const at::Tensor max_differs = states_differ(row_max.to(at::kDouble), expected.row_max) & recorded;
   const at::Tensor sum_differs = states_differ(row_sum.to(at::kDouble), expected.row_sum) & recorded;
@@ -106,7 +109,10 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   // The earliest key tile where any row departs is where the bug starts; within
   // it a wrong running max comes before a wrong sum (l is rescaled by m).
   const at::Tensor any_differs = (max_differs | sum_differs).permute({3, 0, 1, 2}).cpu();
-  const int64_t key_tile = any_differs.nonzero().select(0, 0)[0].item<int64_t>();
+  const at::Tensor differing_states = any_differs.nonzero();  // sorted by key tile first
+  const int64_t key_tile =
+      differing_states.select(0, kernel.key_tiles_descending ? differing_states.size(0) - 1 : 0)[0]
+          .item<int64_t>();
   const at::Tensor max_in_tile = max_differs.select(3, key_tile).cpu();
   const bool max_is_wrong = max_in_tile.any().item<bool>();
   const at::Tensor first = (max_is_wrong ? max_in_tile : sum_differs.select(3, key_tile).cpu())
@@ -129,13 +135,14 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
 }
 
 std::pair<double, double> expected_state_at(const ProblemSpec& spec, int block_k, int64_t batch,
-                                            int64_t head, int64_t row, int64_t key_tile) {
+                                            int64_t head, int64_t row, int64_t key_tile,
+                                            bool descending) {
   const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
   const AttentionParams params =
       make_params(inputs.q, inputs.k, inputs.v, {}, {}, spec.attention_options());
   const ExpectedTileStates expected =
       expected_tile_states(inputs.q, inputs.k, params.softmax_scale, params.window_left,
-                           params.window_right, block_k);
+                           params.window_right, block_k, descending);
   return {expected.row_max[batch][head][row][key_tile].item<double>(),
           expected.row_sum[batch][head][row][key_tile].item<double>()};
 }
@@ -155,8 +162,10 @@ std::string TileTraceReport::format() const {
          << d.head << ", row " << d.row << " (query tile " << d.row / tiles.block_q
          << "), statistic " << d.statistic << (d.statistic == "m" ? " (running max)" : " (running sum)")
          << ": kernel " << d.kernel_value << ", expected " << d.expected_value << "\n";
-    if (d.key_tile > 0)
-      text << "every state up to key tile " << d.key_tile - 1
+    const int64_t visited_before = key_tiles_descending ? key_tiles - 1 - d.key_tile : d.key_tile;
+    if (visited_before > 0)
+      text << "every state " << (key_tiles_descending ? "from the last key tile down to " : "up to ")
+           << "key tile " << (key_tiles_descending ? d.key_tile + 1 : d.key_tile - 1)
            << " matches: look at what carries the state from one key tile to the next\n";
   } else if (recorded > 0) {
     text << "all recorded states match\n";

@@ -10,12 +10,12 @@ namespace flashlab {
 
 KernelVariant fa1_scalar_variant();    // flashlab_kernels_sm80
 KernelVariant fa2_mma_sm80_variant();  // flashlab_kernels_sm80
-// KernelVariant fa3_wgmma_sm90_variant();  // flashlab_kernels_sm90a
+KernelVariant fa3_wgmma_sm90_variant();  // flashlab_kernels_sm90a
 
 const std::vector<KernelVariant>& registered_kernels() {
   // "auto" picks the first kernel that supports a problem and the device: fastest first.
   static const std::vector<KernelVariant> kernels = {
-      // fa3_wgmma_sm90_variant(),  // sm_90a library: uncomment when it lands (before fa2)
+      fa3_wgmma_sm90_variant(),  // sm_90a only: other devices go on to fa2
       fa2_mma_sm80_variant(),
       fa1_scalar_variant(),
   };

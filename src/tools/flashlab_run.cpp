@@ -204,7 +204,8 @@ int run_tile_trace(const Arguments& arguments) {
   if (!arguments.show_state.empty()) {
     const auto& at = arguments.show_state;
     const auto [row_max, row_sum] =
-        flashlab::expected_state_at(arguments.spec, report.tiles.block_k, at[0], at[1], at[2], at[3]);
+        flashlab::expected_state_at(arguments.spec, report.tiles.block_k, at[0], at[1], at[2], at[3],
+                                    report.key_tiles_descending);
     std::cout << std::setprecision(9) << "expected state batch " << at[0] << " head " << at[1]
               << " row " << at[2] << " key_tile " << at[3] << ": m " << row_max << " l " << row_sum
               << "\n";

@@ -23,8 +23,11 @@ struct ExpectedTileStates {
 };
 
 // q: (B, Sq, H, D), k/v: (B, Sk, Hkv, D); the same masking as reference_attention.
+// descending: the key tiles are visited from the last one down (the state at
+// tile t then covers tiles t..last), as KernelVariant::key_tiles_descending says.
 ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k, double softmax_scale,
-                                        int window_left, int window_right, int block_k);
+                                        int window_left, int window_right, int block_k,
+                                        bool descending = false);
 
 struct TileStateDifference {
   int64_t batch = 0, head = 0, row = 0, key_tile = 0;
@@ -35,10 +38,11 @@ struct TileStateDifference {
 struct TileTraceReport {
   std::string kernel, problem;
   TileShape tiles;
+  bool key_tiles_descending = false;  // the kernel's visiting order
   int64_t key_tiles = 0;
   int64_t recorded = 0;   // (row, tile) states the kernel wrote (tiles it skipped whole are not)
   int64_t differing = 0;  // states where m or l departs
-  std::optional<TileStateDifference> first_difference;  // earliest key tile, then batch, head, row
+  std::optional<TileStateDifference> first_difference;  // first key tile visited, then batch, head, row
   bool matches() const { return recorded > 0 && differing == 0; }
   std::string format() const;
 };
@@ -49,6 +53,7 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
 
 // The expected (m, l) of one row after one key tile, for cuda-gdb checks.
 std::pair<double, double> expected_state_at(const ProblemSpec& spec, int block_k, int64_t batch,
-                                            int64_t head, int64_t row, int64_t key_tile);
+                                            int64_t head, int64_t row, int64_t key_tile,
+                                            bool descending = false);
 
 }  // namespace flashlab

@@ -106,8 +106,9 @@ std::string unsupported_reason(const AttentionParams& params) {
   if (params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     return "fa3_wgmma_sm90 needs heads to be a multiple of kv_heads; got " +
            std::to_string(params.heads) + "/" + std::to_string(params.kv_heads);
-  if (params.trace.enabled())
-    return "fa3_wgmma_sm90 does not record tile states (no traced build yet)";
+  if (params.trace.enabled() && params.is_varlen())
+    return "fa3_wgmma_sm90 records tile states for fixed-length batches only; got a "
+           "variable-length batch";
   // TMA: 16-byte aligned base addresses and strides that are multiples of 16 bytes.
   const auto aligned_pointer = [](const void* pointer) {
     return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
@@ -167,7 +168,8 @@ KernelVariant fa3_wgmma_sm90_variant() {
       "FlashAttention-3 style forward for Hopper (TMA, wgmma, producer/consumer warpgroups, "
       "persistent grid), fp16/bf16, head_dim 64/128/256, causal/window, GQA, varlen; sm_90a only";
   variant.architectures = kSm90aOnly;
-  variant.supports_tile_trace = false;
+  variant.supports_tile_trace = true;
+  variant.key_tiles_descending = true;
   variant.unsupported_reason = fa3_wgmma_sm90::unsupported_reason;
   variant.tile_shape = tile_shape;
   variant.launch = launch;

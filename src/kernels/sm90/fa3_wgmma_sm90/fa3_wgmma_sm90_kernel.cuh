@@ -23,8 +23,10 @@
 //
 // Limits: fp16 / bf16, head_dim 64 / 128 / 256, compute capability 9.0 built
 // as sm_90a, base pointers 16-byte aligned and batch/row/head strides that are
-// multiples of 8 elements (TMA strides are multiples of 16 bytes), no tile
-// tracing yet. The output is written from registers (4-byte stores per pair).
+// multiples of 8 elements (TMA strides are multiples of 16 bytes). Tile
+// tracing (a separate traced instantiation) for fixed-length batches; the
+// trace's key tiles are visited from the last down. The output is written
+// from registers (4-byte stores per pair).
 #pragma once
 
 #include <cuda.h>
@@ -130,7 +132,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <class Tr, typename Element>
+// Trace: the tile-trace build (a separate instantiation, never the timed one)
+// also writes each row's running max and sum after every key tile.
+template <class Tr, typename Element, bool Trace>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
   constexpr int kD = Tr::kHeadDim;
@@ -329,6 +333,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               sum += value;
             }
           row_sum[h] = row_sum[h] * correction[h] + sum;
+          if constexpr (Trace) {  // the quad's partial sums make the row's l
+            sum = row_sum[h];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int row = q0 + warp_row0 + group + h * 8;
+            if (thread_in_group == 0 && row < view.seqlen_q) {
+              // cuda-gdb: the online-softmax state of this row after `tile`.
+              const int64_t index =
+                  ((static_cast<int64_t>(work.batch) * p.heads + work.head) * p.seqlen_q + row) *
+                      p.trace.num_key_tiles + tile;
+              p.trace.row_max[index] = row_max[h] * p.softmax_scale;
+              p.trace.row_sum[index] = sum;
+            }
+          }
         }
       };
       auto rescale_o = [&](const float (&correction)[2]) {
@@ -451,7 +469,8 @@ int multiprocessor_count();
 
 template <class Tr, typename Element>
 void launch_forward(const AttentionParams& params) {
-  auto kernel = fa3_forward_kernel<Tr, Element>;
+  auto kernel = params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
+                                       : fa3_forward_kernel<Tr, Element, false>;
   FLASHLAB_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
   KernelArguments args;

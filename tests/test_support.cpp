@@ -1,6 +1,10 @@
 #include "test_support.h"
 
+#include <cuda_runtime.h>
+
 #include <cstdlib>
+#include <functional>
+#include <iostream>
 #include <random>
 
 namespace flashlab::testing {
@@ -11,6 +15,48 @@ uint64_t test_seed() {
     return static_cast<uint64_t>(std::random_device{}() % 1000000);
   }();
   return seed;
+}
+
+namespace {
+
+// Prints the run's seed once per test process, before any test.
+class SeedReport : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::cout << "flashlab test seed " << test_seed() << " (FLASHLAB_TEST_SEED=" << test_seed()
+              << " replays this run)" << std::endl;
+  }
+};
+[[maybe_unused]] ::testing::Environment* const seed_report =
+    ::testing::AddGlobalTestEnvironment(new SeedReport);
+
+}  // namespace
+
+uint64_t case_seed(const std::string& case_name) {
+  return test_seed() + std::hash<std::string>{}(case_name) % 1000;
+}
+
+int device_compute_capability() {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 10 * major + minor;
+}
+
+void KernelCaseTest::SetUp() {
+  FLASHLAB_REQUIRE_GPU();
+  const KernelCase& kernel_case = GetParam();
+  spec_ = kernel_case.spec;
+  spec_.seed = case_seed(kernel_case.name);
+  const KernelVariant* kernel = find_kernel(kernel_case.kernel);
+  ASSERT_NE(kernel, nullptr) << kernel_case.kernel << " is not registered";
+  // The generators kept only cases the kernel takes on some device; what is
+  // left to ask is whether this device is one of them.
+  const std::string reason = unsupported_reason(*kernel, spec_, device_compute_capability());
+  if (!reason.empty()) GTEST_SKIP() << reason;
 }
 
 at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype) {

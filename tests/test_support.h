@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flashlab/harness/problem.h"
+#include "kernel_cases.h"
 
 // GPU tests start with this: without a usable device they are reported
 // skipped, with the reason, instead of passing without checking anything.
@@ -23,6 +24,23 @@ namespace flashlab::testing {
 // A fresh seed per test run, printed by the test so a failure can be replayed
 // (FLASHLAB_TEST_SEED=N pins it).
 uint64_t test_seed();
+
+// The seed of one case: the run's seed plus a hash of the case's name, so cases
+// differ from each other and a run replays with FLASHLAB_TEST_SEED.
+uint64_t case_seed(const std::string& case_name);
+
+// The compute capability of device 0 (90 for sm_90); 0 without a device.
+int device_compute_capability();
+
+// Base of the parameterized GPU fixtures (one per property): skips without a
+// GPU, or when the case's kernel does not run on this device's architecture
+// (the coverage floors count what runs on compute capability 9.0), and hands
+// the test the case's spec with its seed.
+class KernelCaseTest : public ::testing::TestWithParam<KernelCase> {
+ protected:
+  void SetUp() override;
+  ProblemSpec spec_;
+};
 
 // A zero-filled CPU tensor, for validation tests that never reach a kernel.
 at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kHalf);

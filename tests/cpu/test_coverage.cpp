@@ -1,0 +1,154 @@
+// The test matrices' coverage, counted on the CPU from the same generators the
+// GPU fixtures and the sanitizer use: every registered kernel keeps its floor of
+// cases (an over-strict unsupported_reason cannot shrink coverage unnoticed),
+// the sanitizer covers every head dim and 16-bit dtype of every kernel within
+// its time budget, and the probed head dims include every one a kernel lists.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <regex>
+#include <set>
+
+#include "coverage_floors.h"
+#include "kernel_cases.h"
+#include "test_support.h"
+
+namespace flashlab::testing {
+namespace {
+
+TEST(CoverageFloors, HoldForEveryRegisteredKernel) {
+  ASSERT_FALSE(registered_kernels().empty());
+  for (const auto& kernel : registered_kernels()) {
+    const CoverageFloor* floor = find_coverage_floor(kernel.name);
+    if (floor == nullptr) {
+      ADD_FAILURE() << "kernel " << kernel.name
+                    << " has no coverage floor. Add one line to coverage_floors() in "
+                       "tests/coverage_floors.cpp, after checking these counts (cases it takes on "
+                       "compute capability 9.0) against what the kernel claims to support:\n      "
+                    << coverage_floor_line(kernel);
+      continue;
+    }
+    std::cout << "coverage " << coverage_floor_line(kernel, floor->compute_capability) << "\n";
+    for (const std::string& shortfall : coverage_shortfalls(kernel, *floor)) ADD_FAILURE() << shortfall;
+  }
+}
+
+TEST(CoverageFloors, EveryMatrixHasAFloorField) {
+  const CoverageFloor floor;
+  for (const auto& matrix : case_matrices())
+    EXPECT_NE(floor.of(matrix.name), -2) << "add a field for matrix " << matrix.name
+                                         << " to CoverageFloor (tests/coverage_floors.h)";
+}
+
+// An over-strict copy of each registered kernel: rejects single-row queries on
+// top of what the kernel rejects.
+std::string (*wrapped_reason)(const AttentionParams&) = nullptr;
+std::string reject_single_row(const AttentionParams& params) {
+  if (params.seqlen_q == 1) return "rejects seqlen_q 1";
+  return wrapped_reason(params);
+}
+
+TEST(CoverageFloors, CatchAKernelThatTurnsOverStrict) {
+  int checked = 0;
+  for (const auto& kernel : registered_kernels()) {
+    const CoverageFloor* floor = find_coverage_floor(kernel.name);
+    if (floor == nullptr) continue;  // HoldForEveryRegisteredKernel reports it
+    EXPECT_TRUE(coverage_shortfalls(kernel, *floor).empty());
+    KernelVariant strict = kernel;
+    wrapped_reason = kernel.unsupported_reason;
+    strict.unsupported_reason = reject_single_row;
+    const std::vector<std::string> shortfalls = coverage_shortfalls(strict, *floor);
+    ASSERT_FALSE(shortfalls.empty()) << kernel.name << ": dropping seqlen_q 1 went unnoticed";
+    EXPECT_NE(shortfalls.front().find("Correctness"), std::string::npos) << shortfalls.front();
+    EXPECT_NE(shortfalls.front().find("below its floor"), std::string::npos) << shortfalls.front();
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+TEST(KernelCases, NamesAreUniqueIdentifiersPerMatrix) {
+  const std::regex identifier("[A-Za-z0-9_]+");
+  for (const auto& matrix : case_matrices()) {
+    std::set<std::string> names;
+    for (const auto& kernel_case : matrix.generate(0, registered_kernels())) {
+      EXPECT_TRUE(std::regex_match(kernel_case.name, identifier)) << kernel_case.name;
+      EXPECT_TRUE(names.insert(kernel_case.name).second) << matrix.name << ": " << kernel_case.name << " twice";
+      EXPECT_EQ(kernel_case.spec.kernel, kernel_case.kernel);
+    }
+    EXPECT_FALSE(names.empty()) << matrix.name;
+  }
+}
+
+TEST(SanitizerCases, CoverEveryHeadDimAndHalfPrecisionDtypeOfEveryKernel) {
+  const std::vector<KernelCase> cases = sanitizer_cases();
+  for (const auto& kernel : registered_kernels()) {
+    int taken = 0;
+    for (const auto dtype : {at::kHalf, at::kBFloat16})
+      for (const int head_dim : supported_head_dims(kernel, dtype)) {
+        ++taken;
+        const bool covered = std::any_of(cases.begin(), cases.end(), [&](const KernelCase& c) {
+          return c.kernel == kernel.name && c.spec.dtype == dtype && c.spec.head_dim == head_dim;
+        });
+        EXPECT_TRUE(covered) << kernel.name << " " << dtype_label(dtype) << " head_dim " << head_dim
+                             << " has no sanitizer case";
+      }
+    EXPECT_GT(taken, 0) << kernel.name << " takes neither fp16 nor bf16 at any probed head dim";
+  }
+}
+
+TEST(SanitizerCases, StayWithinTheTimeBudget) {
+  // Every case is one flashlab-run process under each tool (a few seconds
+  // each under memcheck, mostly start-up): keep problems tiny and the list
+  // short enough for 3 minutes a tool on an H100.
+  const std::vector<KernelCase> cases = sanitizer_cases();
+  EXPECT_LE(cases.size(), 45u) << "sanitizer runs per tool; trim the shapes or the fp32/varlen extras";
+  for (const auto& kernel_case : cases) {
+    const ProblemSpec& spec = kernel_case.spec;
+    int64_t query_rows = 0, key_rows = 0;
+    if (spec.is_varlen()) {
+      for (const int length : spec.seqlens_q) query_rows += length;
+      for (const int length : spec.key_seqlens()) key_rows += length;
+    } else {
+      query_rows = int64_t{spec.batch} * spec.seqlen_q;
+      key_rows = int64_t{spec.batch} * spec.seqlen_k;
+    }
+    EXPECT_LE(query_rows * key_rows * spec.heads, 1 << 18) << kernel_case.name << " is not tiny";
+  }
+}
+
+TEST(SanitizerCases, ArgumentLinesNameTheProblem) {
+  for (const auto& kernel_case : sanitizer_cases()) {
+    const std::string line = flashlab_run_arguments(kernel_case.spec);
+    EXPECT_EQ(line.rfind("--kernel " + kernel_case.kernel + " ", 0), 0u) << line;
+    EXPECT_NE(line.find("--head-dim " + std::to_string(kernel_case.spec.head_dim)), std::string::npos) << line;
+    EXPECT_NE(line.find(std::string("--dtype ") + dtype_label(kernel_case.spec.dtype)), std::string::npos) << line;
+  }
+}
+
+TEST(ProbeHeadDims, IncludeEveryHeadDimOfAKernelWithAList) {
+  // A kernel that takes a short list of head dims must have each of them
+  // probed, or the matrices and the sanitizer would never see it. Kernels that
+  // take a whole range (fa1_scalar: 1 to 128) are probed at representatives.
+  const std::vector<int>& probed = probe_head_dims();
+  for (const auto& kernel : registered_kernels())
+    for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+      std::vector<int> taken;
+      for (int head_dim = 1; head_dim <= 512; ++head_dim) {
+        ProblemSpec spec;
+        spec.kernel = kernel.name;
+        spec.batch = 1, spec.heads = 2, spec.kv_heads = 1, spec.seqlen_q = 113, spec.seqlen_k = 203;
+        spec.head_dim = head_dim;
+        spec.dtype = dtype;
+        if (unsupported_reason(kernel, spec).empty()) taken.push_back(head_dim);
+      }
+      if (taken.size() > 32) continue;  // a range
+      for (const int head_dim : taken)
+        EXPECT_NE(std::find(probed.begin(), probed.end(), head_dim), probed.end())
+            << kernel.name << " takes head_dim " << head_dim << " (" << dtype_label(dtype)
+            << "): add it to probe_head_dims() in tests/kernel_cases.cpp";
+    }
+}
+
+}  // namespace
+}  // namespace flashlab::testing

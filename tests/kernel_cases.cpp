@@ -1,0 +1,381 @@
+#include "kernel_cases.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+namespace flashlab::testing {
+namespace {
+
+using SeqlenPair = std::pair<int, int>;
+
+std::string window_label(int left, int right) {
+  const auto side = [](int value) { return value < 0 ? std::string("inf") : std::to_string(value); };
+  return "_w" + side(left) + "_" + side(right);
+}
+
+std::string seqlen_label(int seqlen_q, int seqlen_k) {
+  return "_q" + std::to_string(seqlen_q) + "_k" + std::to_string(seqlen_k);
+}
+
+// Adds the case as `<kernel>_<label>` when the kernel takes it on a device of
+// this compute capability (0: some device).
+void add_if_supported(std::vector<KernelCase>& cases, const KernelVariant& kernel,
+                      const std::string& label, ProblemSpec spec, int compute_capability) {
+  spec.kernel = kernel.name;
+  if (!unsupported_reason(kernel, spec, compute_capability).empty()) return;
+  KernelCase kernel_case;
+  kernel_case.name = kernel.name + "_" + label;
+  kernel_case.kernel = kernel.name;
+  kernel_case.spec = std::move(spec);
+  cases.push_back(std::move(kernel_case));
+}
+
+struct Lengths {
+  std::string label;
+  std::vector<int> seqlens_q, seqlens_k;
+};
+
+// Empty sequences (first, middle, last), length 1, very unequal lengths, query
+// sequences without keys and keys without queries.
+const std::vector<Lengths>& varlen_lengths() {
+  static const std::vector<Lengths> lengths = {
+      {"mixed", {1, 0, 513, 7, 1000}, {1, 0, 513, 7, 1000}},
+      {"unequal", {1, 0, 513, 7, 1000}, {300, 5, 0, 1000, 17}},
+      {"single1", {1}, {1}},
+      {"empty_ends", {0, 64, 129, 0}, {0, 200, 31, 0}},
+      {"no_keys", {5, 64, 3}, {0, 0, 0}},
+      {"many_short", {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9}, {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4}},
+  };
+  return lengths;
+}
+
+ProblemSpec varlen_spec(const Lengths& lengths, at::ScalarType dtype, int kv_heads, bool causal) {
+  ProblemSpec spec;
+  spec.heads = 8, spec.kv_heads = kv_heads;
+  spec.head_dim = 64;
+  spec.seqlens_q = lengths.seqlens_q;
+  spec.seqlens_k = lengths.seqlens_k;
+  spec.dtype = dtype;
+  spec.causal = causal;
+  return spec;
+}
+
+// The small problem support questions are asked on (heads 2/1, odd seqlens).
+ProblemSpec probe_spec(at::ScalarType dtype, int head_dim) {
+  ProblemSpec spec;
+  spec.batch = 1, spec.heads = 2, spec.kv_heads = 1;
+  spec.seqlen_q = 113, spec.seqlen_k = 203;
+  spec.head_dim = head_dim;
+  spec.dtype = dtype;
+  return spec;
+}
+
+}  // namespace
+
+void PrintTo(const KernelCase& kernel_case, std::ostream* stream) {
+  *stream << kernel_case.kernel << ": " << kernel_case.spec.describe();
+}
+
+const char* dtype_label(at::ScalarType dtype) {
+  return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : "bf16";
+}
+
+const std::vector<int>& probe_head_dims() {
+  // 160, 192 and 224 are taken by no kernel today: they are here so that a
+  // kernel which adds one is tested and sanitized without another edit.
+  static const std::vector<int> head_dims = {16, 32, 40, 64, 80, 96, 128, 160, 192, 224, 256};
+  return head_dims;
+}
+
+std::vector<int> supported_head_dims(const KernelVariant& kernel, at::ScalarType dtype,
+                                     int compute_capability) {
+  std::vector<int> head_dims;
+  for (const int head_dim : probe_head_dims()) {
+    ProblemSpec spec = probe_spec(dtype, head_dim);
+    spec.kernel = kernel.name;
+    if (unsupported_reason(kernel, spec, compute_capability).empty()) head_dims.push_back(head_dim);
+  }
+  return head_dims;
+}
+
+std::vector<at::ScalarType> supported_dtypes(const KernelVariant& kernel, int compute_capability) {
+  std::vector<at::ScalarType> dtypes;
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+    if (!supported_head_dims(kernel, dtype, compute_capability).empty()) dtypes.push_back(dtype);
+  return dtypes;
+}
+
+std::vector<KernelCase> correctness_cases(int compute_capability, const Kernels& kernels) {
+  const std::vector<SeqlenPair> seqlens = {
+      {1, 1}, {7, 7}, {64, 64}, {113, 113}, {256, 256}, {1023, 1023},
+      {1, 113}, {7, 256}, {113, 1023}, {1023, 113}};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+      for (const auto& [seqlen_q, seqlen_k] : seqlens)
+        for (const bool causal : {false, true})
+          for (const int kv_heads : {8, 2, 1})
+            for (const Layout layout : {Layout::bshd, Layout::packed_qkv}) {
+              if (layout == Layout::packed_qkv && seqlen_q != seqlen_k) continue;
+              ProblemSpec spec;
+              spec.batch = 2, spec.heads = 8, spec.kv_heads = kv_heads;
+              spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
+              spec.head_dim = 64;
+              spec.dtype = dtype;
+              spec.causal = causal;
+              spec.layout = layout;
+              add_if_supported(cases, kernel,
+                               std::string(dtype_label(dtype)) + seqlen_label(seqlen_q, seqlen_k) +
+                                   "_kv" + std::to_string(kv_heads) + (causal ? "_causal" : "") +
+                                   (layout == Layout::packed_qkv ? "_packed" : ""),
+                               spec, compute_capability);
+            }
+  return cases;
+}
+
+std::vector<KernelCase> head_dim_cases(int compute_capability, const Kernels& kernels) {
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const int head_dim : probe_head_dims())
+      for (const bool causal : {false, true}) {
+        ProblemSpec spec;
+        spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
+        spec.seqlen_q = 113, spec.seqlen_k = 300;
+        spec.head_dim = head_dim;
+        spec.dtype = at::kBFloat16;
+        spec.causal = causal;
+        add_if_supported(cases, kernel, "d" + std::to_string(head_dim) + (causal ? "_causal" : ""),
+                         spec, compute_capability);
+      }
+  return cases;
+}
+
+std::vector<KernelCase> window_cases(int compute_capability, const Kernels& kernels) {
+  const std::vector<SeqlenPair> windows = {{64, 0}, {0, 0}, {17, 33}, {-1, 5}, {128, -1}};
+  const std::vector<SeqlenPair> seqlens = {{113, 1023}, {1023, 113}, {256, 256}};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const auto dtype : {at::kHalf, at::kBFloat16})
+      for (const auto& [seqlen_q, seqlen_k] : seqlens)
+        for (const auto& [left, right] : windows) {
+          ProblemSpec spec;
+          spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
+          spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
+          spec.head_dim = 64;
+          spec.dtype = dtype;
+          spec.window_left = left, spec.window_right = right;
+          add_if_supported(cases, kernel,
+                           std::string(dtype_label(dtype)) + seqlen_label(seqlen_q, seqlen_k) +
+                               window_label(left, right),
+                           spec, compute_capability);
+        }
+  return cases;
+}
+
+std::vector<KernelCase> varlen_cases(int compute_capability, const Kernels& kernels) {
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16})
+      for (const auto& lengths : varlen_lengths())
+        for (const bool causal : {false, true})
+          for (const int kv_heads : {8, 2})
+            add_if_supported(cases, kernel,
+                             std::string(dtype_label(dtype)) + "_" + lengths.label + "_kv" +
+                                 std::to_string(kv_heads) + (causal ? "_causal" : ""),
+                             varlen_spec(lengths, dtype, kv_heads, causal), compute_capability);
+    // Windows and MQA on the unequal lengths; the packed-qkv layout; other head dims.
+    const Lengths& unequal = varlen_lengths()[1];
+    for (const auto& [left, right] : std::vector<SeqlenPair>{{17, 33}, {64, 0}, {-1, 5}}) {
+      ProblemSpec spec = varlen_spec(unequal, at::kHalf, 1, false);
+      spec.window_left = left, spec.window_right = right;
+      add_if_supported(cases, kernel, "fp16_unequal_kv1" + window_label(left, right), spec,
+                       compute_capability);
+    }
+    ProblemSpec packed = varlen_spec(varlen_lengths()[0], at::kBFloat16, 2, true);
+    packed.layout = Layout::packed_qkv;
+    add_if_supported(cases, kernel, "bf16_mixed_kv2_causal_packed", packed, compute_capability);
+    for (const int head_dim : {32, 128, 256}) {
+      ProblemSpec spec = varlen_spec(unequal, at::kHalf, 2, true);
+      spec.head_dim = head_dim;
+      add_if_supported(cases, kernel, "fp16_unequal_kv2_causal_d" + std::to_string(head_dim), spec,
+                       compute_capability);
+    }
+  }
+  return cases;
+}
+
+// Scores of magnitude ~1e4 (standard deviation 8000-10000, extremes ~5e4): a
+// kernel that held scores, or scores times log2(e), in fp16 would overflow.
+// Either a large softmax_scale on unit-variance inputs, or Q and K scaled by 10
+// with softmax_scale 12.5 (raw dot products ~800, still finite in fp16 for the
+// same-precision torch reference).
+std::vector<KernelCase> large_score_cases(int compute_capability, const Kernels& kernels) {
+  struct Scaling {
+    std::string label;
+    double qk_input_scale, softmax_scale;
+  };
+  const std::vector<Scaling> scalings = {{"scale1000", 1.0, 1000.0}, {"inputs10_scale12p5", 10.0, 12.5}};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const auto dtype : {at::kHalf, at::kBFloat16})
+      for (const auto& scaling : scalings)
+        for (const bool causal : {false, true}) {
+          const std::string label = std::string(dtype_label(dtype)) + "_" + scaling.label +
+                                    (causal ? "_causal" : "");
+          for (const auto& [seqlen_q, seqlen_k] : std::vector<SeqlenPair>{{113, 1023}, {1023, 113}}) {
+            ProblemSpec spec;
+            spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
+            spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
+            spec.head_dim = 64;
+            spec.dtype = dtype;
+            spec.causal = causal;
+            spec.qk_input_scale = scaling.qk_input_scale;
+            spec.softmax_scale = scaling.softmax_scale;
+            add_if_supported(cases, kernel, label + seqlen_label(seqlen_q, seqlen_k), spec,
+                             compute_capability);
+          }
+          ProblemSpec varlen = varlen_spec(varlen_lengths()[1], dtype, 2, causal);
+          varlen.qk_input_scale = scaling.qk_input_scale;
+          varlen.softmax_scale = scaling.softmax_scale;
+          add_if_supported(cases, kernel, label + "_varlen_unequal", varlen, compute_capability);
+        }
+  // At these magnitudes torch's own fp16/bf16 math rounds the scores by tens of
+  // units, so the rule's tolerance is loose. Float32 scores keep the kernel far
+  // closer: hold it to a bound that would catch a half-precision score path
+  // (measured in emulation: ~0.003 fp16, ~0.008 bf16).
+  for (auto& kernel_case : cases) {
+    kernel_case.max_abs_error = 0.05;
+    kernel_case.max_abs_error_reason =
+        "scores ~1e4: float32 score math stays within 0.05, a half-precision score path does not";
+  }
+  return cases;
+}
+
+std::vector<KernelCase> property_cases(int compute_capability, const Kernels& kernels) {
+  // 257 rows: several query tiles and a ragged last one; the causality test
+  // rewrites keys 130 and later.
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const auto dtype : supported_dtypes(kernel, compute_capability)) {
+      const std::vector<int> head_dims = supported_head_dims(kernel, dtype, compute_capability);
+      const bool takes_64 = std::find(head_dims.begin(), head_dims.end(), 64) != head_dims.end();
+      ProblemSpec spec;
+      spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
+      spec.seqlen_q = spec.seqlen_k = 257;
+      spec.head_dim = takes_64 ? 64 : head_dims.front();
+      spec.dtype = dtype;
+      add_if_supported(cases, kernel,
+                       std::string(dtype_label(dtype)) + "_d" + std::to_string(spec.head_dim), spec,
+                       compute_capability);
+    }
+  return cases;
+}
+
+std::vector<KernelCase> sanitizer_cases(int compute_capability, const Kernels& kernels) {
+  // Small odd shapes, cycled over a kernel's (dtype, head dim) pairs so that
+  // each kernel meets every shape and every pair meets one shape.
+  struct Shape {
+    std::string label;
+    int batch, heads, kv_heads, seqlen_q, seqlen_k;
+    bool causal;
+    Layout layout;
+    int window_left, window_right;
+  };
+  const std::vector<Shape> shapes = {
+      {"q113_k203", 1, 2, 1, 113, 203, false, Layout::bshd, -1, -1},
+      {"q113_k203_causal", 1, 2, 1, 113, 203, true, Layout::bshd, -1, -1},
+      {"b2_q7_k113_kv2_causal", 2, 4, 2, 7, 113, true, Layout::bshd, -1, -1},
+      {"q113_k113_h4_causal_packed", 1, 4, 1, 113, 113, true, Layout::packed_qkv, -1, -1},
+      {"q113_k7", 1, 2, 1, 113, 7, false, Layout::bshd, -1, -1},
+      {"q1_k1_kv2", 1, 2, 2, 1, 1, false, Layout::bshd, -1, -1},
+      {"q203_k113_w17_33", 1, 2, 1, 203, 113, false, Layout::bshd, 17, 33},
+  };
+  const auto shaped = [](const Shape& shape, at::ScalarType dtype, int head_dim) {
+    ProblemSpec spec;
+    spec.batch = shape.batch, spec.heads = shape.heads, spec.kv_heads = shape.kv_heads;
+    spec.seqlen_q = shape.seqlen_q, spec.seqlen_k = shape.seqlen_k;
+    spec.causal = shape.causal;
+    spec.layout = shape.layout;
+    spec.window_left = shape.window_left, spec.window_right = shape.window_right;
+    spec.head_dim = head_dim;
+    spec.dtype = dtype;
+    return spec;
+  };
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    std::vector<std::pair<at::ScalarType, int>> pairs;
+    for (const auto dtype : {at::kHalf, at::kBFloat16})
+      for (const int head_dim : supported_head_dims(kernel, dtype, compute_capability))
+        pairs.emplace_back(dtype, head_dim);
+    if (pairs.empty()) continue;
+    const size_t count = std::max(pairs.size(), shapes.size());
+    for (size_t index = 0; index < count; ++index) {
+      const auto [dtype, head_dim] = pairs[index % pairs.size()];
+      // The pair's shape, or the next one the kernel takes. Each pass over the
+      // shapes starts one further on, so a dtype does not repeat another's pairing.
+      for (size_t step = 0; step < shapes.size(); ++step) {
+        const Shape& shape = shapes[(index + index / shapes.size() + step) % shapes.size()];
+        const size_t before = cases.size();
+        add_if_supported(cases, kernel,
+                         std::string(dtype_label(dtype)) + "_d" + std::to_string(head_dim) + "_" +
+                             shape.label,
+                         shaped(shape, dtype, head_dim), compute_capability);
+        if (cases.size() > before) break;
+      }
+    }
+    // float32 (one head dim) and a variable-length batch, where taken.
+    const std::vector<int> fp32_head_dims = supported_head_dims(kernel, at::kFloat, compute_capability);
+    if (!fp32_head_dims.empty()) {
+      const int head_dim = fp32_head_dims[fp32_head_dims.size() / 2];
+      add_if_supported(cases, kernel, "fp32_d" + std::to_string(head_dim) + "_" + shapes[1].label,
+                       shaped(shapes[1], at::kFloat, head_dim), compute_capability);
+    }
+    ProblemSpec varlen = probe_spec(pairs.front().first, pairs.front().second);
+    varlen.seqlens_q = {5, 0, 113};
+    varlen.seqlens_k = {203, 7, 0};
+    varlen.causal = true;
+    add_if_supported(cases, kernel,
+                     std::string(dtype_label(varlen.dtype)) + "_d" + std::to_string(varlen.head_dim) +
+                         "_varlen_causal",
+                     varlen, compute_capability);
+  }
+  return cases;
+}
+
+const std::vector<CaseMatrix>& case_matrices() {
+  static const std::vector<CaseMatrix> matrices = {
+      {"Correctness", correctness_cases}, {"HeadDims", head_dim_cases},
+      {"SlidingWindow", window_cases},    {"Varlen", varlen_cases},
+      {"LargeScores", large_score_cases}, {"Properties", property_cases},
+      {"Sanitizer", sanitizer_cases},
+  };
+  return matrices;
+}
+
+std::string flashlab_run_arguments(const ProblemSpec& spec) {
+  const auto join = [](const std::vector<int>& lengths) {
+    std::string text;
+    for (const int length : lengths) text += (text.empty() ? "" : ",") + std::to_string(length);
+    return text;
+  };
+  std::ostringstream text;
+  text << "--kernel " << spec.kernel;
+  if (spec.is_varlen())
+    text << " --seqlens " << join(spec.seqlens_q) << " --seqlens-k " << join(spec.key_seqlens());
+  else
+    text << " --batch " << spec.batch << " --seqlen-q " << spec.seqlen_q << " --seqlen-k "
+         << spec.seqlen_k;
+  text << " --heads " << spec.heads << " --kv-heads " << spec.kv_heads << " --head-dim "
+       << spec.head_dim << " --dtype " << dtype_label(spec.dtype);
+  if (spec.causal) text << " --causal";
+  if (spec.window_left >= 0) text << " --window-left " << spec.window_left;
+  if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
+  if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
+  if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
+  return text.str();
+}
+
+}  // namespace flashlab::testing

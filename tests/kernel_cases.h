@@ -1,0 +1,70 @@
+// The test matrices, generated from the registry: every registered kernel gets
+// each case it declares support for (unsupported_reason). The GPU fixtures, the
+// coverage-floor test and the sanitizer's case list all read these generators,
+// so a case is written once. Torch-only; no GoogleTest, no device.
+#pragma once
+
+#include <ATen/core/ATen_fwd.h>
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "flashlab/harness/problem.h"
+#include "flashlab/kernel_registry.h"
+
+namespace flashlab::testing {
+
+struct KernelCase {
+  std::string name;  // the GoogleTest parameter name: kernel first, then the problem
+  std::string kernel;
+  ProblemSpec spec;  // spec.kernel == kernel; spec.seed is set by the test
+  // A bound on the output's max abs error tighter than the pass rule, and why.
+  std::optional<double> max_abs_error;
+  std::string max_abs_error_reason;
+};
+void PrintTo(const KernelCase& kernel_case, std::ostream* stream);  // GoogleTest prints specs
+
+// Generators, over `kernels` (default: the registry). compute_capability 0:
+// every case a kernel takes on some device; 90: only those a compute
+// capability 9.0 device runs (what the coverage floors count).
+using Kernels = std::vector<KernelVariant>;
+using CaseGenerator = std::vector<KernelCase> (*)(int compute_capability, const Kernels& kernels);
+
+// Checked against the reference (check_kernel):
+// seqlens x causal x GQA x layout x dtype, head_dim 64
+std::vector<KernelCase> correctness_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// every probed head dim, bf16
+std::vector<KernelCase> head_dim_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// sliding windows
+std::vector<KernelCase> window_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// variable-length batches
+std::vector<KernelCase> varlen_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// scores ~1e4, with a tight error bound
+std::vector<KernelCase> large_score_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// Causality and determinism: one case per dtype the kernel takes.
+std::vector<KernelCase> property_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// compute-sanitizer: every 16-bit dtype x head dim the kernel takes on small odd
+// shapes, each kernel meeting every shape; one fp32 and one varlen case where taken.
+std::vector<KernelCase> sanitizer_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+
+struct CaseMatrix {
+  std::string name;  // also the GoogleTest instantiation name
+  CaseGenerator generate;
+};
+// Every matrix above, in that order (the coverage floors have one count each).
+const std::vector<CaseMatrix>& case_matrices();
+
+// Head dims the generators try; a kernel "takes" those its unsupported_reason accepts.
+const std::vector<int>& probe_head_dims();
+std::vector<int> supported_head_dims(const KernelVariant& kernel, at::ScalarType dtype,
+                                     int compute_capability = 0);
+std::vector<at::ScalarType> supported_dtypes(const KernelVariant& kernel, int compute_capability = 0);
+
+const char* dtype_label(at::ScalarType dtype);  // fp32, fp16, bf16
+
+// flashlab-run options for a spec (kernel, shape, dtype, masks, layout; no seed).
+std::string flashlab_run_arguments(const ProblemSpec& spec);
+
+}  // namespace flashlab::testing

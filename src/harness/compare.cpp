@@ -6,6 +6,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "common/visible_keys.h"
+
 namespace flashlab {
 namespace {
 
@@ -21,12 +23,12 @@ std::string position_text(const ElementPosition& at) {
 
 std::pair<int64_t, int64_t> visited_key_tiles(const TileContext& context, int64_t row) {
   if (context.tiles.block_k <= 0 || context.seqlen_k <= 0) return {0, -1};
-  const int64_t diagonal = row + context.seqlen_k - context.seqlen_q;
-  int64_t first = 0, last = context.seqlen_k - 1;
-  if (context.window_left >= 0) first = std::max<int64_t>(first, diagonal - context.window_left);
-  if (context.window_right >= 0) last = std::min<int64_t>(last, diagonal + context.window_right);
-  if (last < first) return {0, -1};
-  return {first / context.tiles.block_k, last / context.tiles.block_k};
+  // The kernels' own rule (src/kernels/common/visible_keys.h).
+  const KeyRange keys =
+      visible_keys(static_cast<int>(row), static_cast<int>(context.seqlen_q),
+                   static_cast<int>(context.seqlen_k), context.window_left, context.window_right);
+  if (keys.empty()) return {0, -1};
+  return {keys.first / context.tiles.block_k, keys.last / context.tiles.block_k};
 }
 
 ComparisonReport compare_elementwise(const std::string& name, const at::Tensor& actual,

@@ -3,20 +3,28 @@
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <vector>
+
+#include "common/visible_keys.h"
 
 namespace flashlab {
 
 at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right,
                            at::Device device) {
-  const auto index_options = at::TensorOptions().dtype(at::kLong).device(device);
-  // Bottom-right alignment: query i lines up with key i + seqlen_k - seqlen_q.
-  const at::Tensor diagonal =
-      at::arange(seqlen_q, index_options).unsqueeze(1) + (seqlen_k - seqlen_q);
-  const at::Tensor key = at::arange(seqlen_k, index_options).unsqueeze(0);
-  at::Tensor visible = at::ones({seqlen_q, seqlen_k}, index_options.dtype(at::kBool));
-  if (window_left >= 0) visible = visible & (key >= diagonal - window_left);
-  if (window_right >= 0) visible = visible & (key <= diagonal + window_right);
-  return visible;
+  // Each row's interval from the kernels' own rule (src/kernels/common/visible_keys.h),
+  // then the mask from the intervals.
+  std::vector<int64_t> first(seqlen_q), last(seqlen_q);
+  for (int64_t row = 0; row < seqlen_q; ++row) {
+    const KeyRange keys = visible_keys(static_cast<int>(row), static_cast<int>(seqlen_q),
+                                       static_cast<int>(seqlen_k), window_left, window_right);
+    first[row] = keys.first;
+    last[row] = keys.last;
+  }
+  const auto index_options = at::TensorOptions().dtype(at::kLong);
+  const at::Tensor key = at::arange(seqlen_k, index_options.device(device)).unsqueeze(0);
+  const at::Tensor first_key = at::tensor(first, index_options).to(device).unsqueeze(1);
+  const at::Tensor last_key = at::tensor(last, index_options).to(device).unsqueeze(1);
+  return (key >= first_key) & (key <= last_key);
 }
 
 ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

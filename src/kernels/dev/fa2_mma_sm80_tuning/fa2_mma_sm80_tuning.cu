@@ -43,11 +43,6 @@ TileShape config_tile_shape(const AttentionParams&) {
   return TileShape{Tr::kBlockQ, Tr::kBlockK};
 }
 
-template <class Tr>
-void launch_default(const AttentionParams& params) {
-  fa2::run_head_dim<Tr::kHeadDim>(params);  // the fa2_mma_sm80_hdim<D>.cu instantiation
-}
-
 template <class Tr, bool kIsDefault>
 KernelVariant make_variant() {
   static_assert(Tr::kSmemBytes <= tuning::kMaxSmemBytes, "configuration exceeds 227 KB of shared memory");
@@ -66,10 +61,8 @@ KernelVariant make_variant() {
   variant.supports_tile_trace = false;
   variant.unsupported_reason = config_unsupported_reason<Tr>;
   variant.tile_shape = config_tile_shape<Tr>;
-  if constexpr (kIsDefault)
-    variant.launch = launch_default<Tr>;
-  else
-    variant.launch = tuning::launch_tuning<Tr>;
+  // Instantiated in the generated fa2_mma_sm80_hdim<D>.cu (defaults) or the part files here.
+  variant.launch = fa2::launch<Tr>;
   return variant;
 }
 

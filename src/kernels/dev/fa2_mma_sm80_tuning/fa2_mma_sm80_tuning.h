@@ -11,14 +11,14 @@
 // stages (cp.async K/V ring depth) and Q in registers vs re-read from shared
 // memory with ldmatrix per key tile. The default configurations themselves are
 // listed too (fa2_mma_sm80_tuning.cu adds DefaultTraits<D>::type, which
-// reuses the fa2_mma_sm80_hdim<D>.cu instantiation).
+// reuses the generated fa2_mma_sm80_hdim<D>.cu instantiation).
 //
 // Limits: those of fa2_mma_sm80 (fp16 / bf16, sm_80+, 16-byte alignment),
 // each configuration for its own head dim only; every one fits in the 227 KB
 // of shared memory a block may opt into on sm_90 (checked below).
 #pragma once
 
-#include "sm80/fa2_mma_sm80/fa2_mma_sm80_kernel.cuh"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
 
 namespace flashlab::fa2_mma_sm80::tuning {
 
@@ -43,10 +43,9 @@ using D128_Q128_K64_W8_S2 = Traits<128, 128, 64, 8, 2, false>;
 // configurations here, at most 136 KB, also fit sm_80's 163 KB).
 inline constexpr int kMaxSmemBytes = 227 * 1024;
 
-// Launches configuration Tr for params.dtype (fp16 or bf16). Explicitly
-// instantiated in fa2_mma_sm80_tuning_d<D><part>.cu, a few configurations per
-// file so each compiles in well under a minute.
-template <class Tr>
-void launch_tuning(const AttentionParams& params);
+// Each configuration runs through fa2_mma_sm80::launch<Tr> (fa2_mma_sm80.h),
+// explicitly instantiated in fa2_mma_sm80_tuning_d<D>_part<N>.cu, a few
+// configurations per file so each compiles in well under a minute (the
+// defaults' instantiations are the registered kernel's generated files).
 
 }  // namespace flashlab::fa2_mma_sm80::tuning

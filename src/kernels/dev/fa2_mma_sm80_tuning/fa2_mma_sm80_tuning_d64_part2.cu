@@ -7,17 +7,13 @@
 //   D64_Q128_K128_W8_S2
 // Tuning only (flashlab-bench --sweep); three configurations per file keep
 // each file's compile time near half a minute.
-#include "fa2_mma_sm80_tuning.h"
+#include "dev/fa2_mma_sm80_tuning/fa2_mma_sm80_tuning.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80_kernel.cuh"
 
-namespace flashlab::fa2_mma_sm80::tuning {
+namespace flashlab::fa2_mma_sm80 {
 
-template <class Tr>
-void launch_tuning(const AttentionParams& params) {
-  launch_for_dtype<Tr>(params);
-}
+template void launch<tuning::D64_Q128_K128_W4_S3>(const AttentionParams& params);
+template void launch<tuning::D64_Q64_K128_W4_S2>(const AttentionParams& params);
+template void launch<tuning::D64_Q128_K128_W8_S2>(const AttentionParams& params);
 
-template void launch_tuning<D64_Q128_K128_W4_S3>(const AttentionParams& params);
-template void launch_tuning<D64_Q64_K128_W4_S2>(const AttentionParams& params);
-template void launch_tuning<D64_Q128_K128_W8_S2>(const AttentionParams& params);
-
-}  // namespace flashlab::fa2_mma_sm80::tuning
+}  // namespace flashlab::fa2_mma_sm80

@@ -9,7 +9,7 @@ KernelVariant fa1_scalar_variant() {
   variant.name = "fa1_scalar";
   variant.summary =
       "FlashAttention-1 forward, one thread per query row, float32 scalar math, "
-      "64x32 tiles, head_dim <= 128, fp32/fp16/bf16";
+      "64x32 tiles, head_dim <= " + std::to_string(fa1_scalar::kMaxHeadDim) + ", fp32/fp16/bf16";
   variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = true;
   variant.unsupported_reason = fa1_scalar::unsupported_reason;

@@ -8,8 +8,10 @@
 // output accumulator, rescaling both when m grows.
 //
 // Tiling: kBlockQ = 64 rows per block (64 threads), kBlockK = 32 keys per step,
-// head_dim padded up to 32, 64 or 128 (one instantiation each) so the output
-// accumulator stays in registers.
+// head_dim padded up to the next entry of PaddedHeadDims (32, 64, 128: one
+// instantiation each) so the output accumulator stays in registers. The
+// visible-key rule, the sequence view and the online-softmax update come from
+// src/kernels/common/.
 //
 // Limits: head_dim <= 128; float32, float16 and bfloat16 inputs; any seqlens,
 // causal and sliding windows (bottom-right aligned), GQA/MQA, strided inputs,
@@ -28,6 +30,10 @@
 #include <cmath>
 #include <string>
 
+#include "common/online_softmax.h"
+#include "common/sequence_view.h"
+#include "common/static_switch.h"
+#include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_registry.h"
 
@@ -36,7 +42,9 @@ namespace fa1_scalar {
 
 constexpr int kBlockQ = 64;
 constexpr int kBlockK = 32;
-constexpr int kMaxHeadDim = 128;
+// The head dims instantiated; a problem's head_dim runs padded up to the next one.
+using PaddedHeadDims = HeadDimList<32, 64, 128>;
+constexpr int kMaxHeadDim = PaddedHeadDims::kMax;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -51,21 +59,6 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
-}
-
-// Visible key range [first, last] for query row `row` of a sequence pair.
-struct KeyRange {
-  int first;
-  int last;  // inclusive; last < first means the row sees no key
-};
-
-__device__ __forceinline__ KeyRange visible_keys(int row, int seqlen_q, int seqlen_k,
-                                                 int window_left, int window_right) {
-  const int diagonal = row + seqlen_k - seqlen_q;
-  KeyRange range{0, seqlen_k - 1};
-  if (window_left >= 0) range.first = max(range.first, diagonal - window_left);
-  if (window_right >= 0) range.last = min(range.last, diagonal + window_right);
-  return range;
 }
 
 template <typename Element, int kHeadDimPadded, bool kPlantedRowMaxBug>
@@ -87,32 +80,18 @@ __global__ void __launch_bounds__(kBlockQ)
   const int kv_head = head / (params.heads / params.kv_heads);
   const int head_dim = params.head_dim;
 
-  int seqlen_q = params.seqlen_q, seqlen_k = params.seqlen_k;
-  int64_t q_row0 = 0, k_row0 = 0;  // first token of this batch entry
-  int64_t q_batch_offset = batch * params.q_batch_stride;
-  int64_t k_batch_offset = batch * params.k_batch_stride;
-  int64_t v_batch_offset = batch * params.v_batch_stride;
-  int64_t out_batch_offset = batch * params.out_batch_stride;
-  if (params.is_varlen()) {
-    q_row0 = params.cu_seqlens_q[batch];
-    k_row0 = params.cu_seqlens_k[batch];
-    seqlen_q = params.cu_seqlens_q[batch + 1] - q_row0;
-    seqlen_k = params.cu_seqlens_k[batch + 1] - k_row0;
-    q_batch_offset = q_row0 * params.q_row_stride;
-    k_batch_offset = k_row0 * params.k_row_stride;
-    v_batch_offset = k_row0 * params.v_row_stride;
-    out_batch_offset = q_row0 * params.out_row_stride;
-  }
+  const SequenceView view = sequence_view(params, batch);
+  const int seqlen_q = view.seqlen_q, seqlen_k = view.seqlen_k;
   const int tile_row0 = query_tile * kBlockQ;
   if (tile_row0 >= seqlen_q) return;  // varlen: this entry is shorter than the grid
 
-  const Element* q = static_cast<const Element*>(params.q) + q_batch_offset +
+  const Element* q = static_cast<const Element*>(params.q) + view.q_offset +
                      head * params.q_head_stride;
-  const Element* k = static_cast<const Element*>(params.k) + k_batch_offset +
+  const Element* k = static_cast<const Element*>(params.k) + view.k_offset +
                      kv_head * params.k_head_stride;
-  const Element* v = static_cast<const Element*>(params.v) + v_batch_offset +
+  const Element* v = static_cast<const Element*>(params.v) + view.v_offset +
                      kv_head * params.v_head_stride;
-  Element* out = static_cast<Element*>(params.out) + out_batch_offset +
+  Element* out = static_cast<Element*>(params.out) + view.out_offset +
                  head * params.out_head_stride;
 
   // Stage the Q tile; rows past the sequence are zero so they stay finite.
@@ -129,14 +108,11 @@ __global__ void __launch_bounds__(kBlockQ)
       visible_keys(my_row, seqlen_q, seqlen_k, params.window_left, params.window_right);
 
   // Key tiles any row of this block can see; tiles outside are skipped whole.
-  const int last_row = min(tile_row0 + kBlockQ, seqlen_q) - 1;
-  const KeyRange first_row_keys =
-      visible_keys(tile_row0, seqlen_q, seqlen_k, params.window_left, params.window_right);
-  const KeyRange last_row_keys =
-      visible_keys(last_row, seqlen_q, seqlen_k, params.window_left, params.window_right);
-  const int key_tile_begin = max(first_row_keys.first, 0) / kBlockK;
-  const int key_tile_end =
-      last_row_keys.last < 0 ? 0 : min(last_row_keys.last / kBlockK + 1, (seqlen_k + kBlockK - 1) / kBlockK);
+  const KeyRange block_keys =
+      visible_keys_of_rows(tile_row0, min(tile_row0 + kBlockQ, seqlen_q) - 1, seqlen_q, seqlen_k,
+                           params.window_left, params.window_right);
+  const int key_tile_begin = block_keys.first / kBlockK;
+  const int key_tile_end = block_keys.empty() ? key_tile_begin : block_keys.last / kBlockK + 1;
 
   float running_max = -INFINITY;  // m
   float running_sum = 0.f;        // l, relative to exp(m)
@@ -176,7 +152,7 @@ __global__ void __launch_bounds__(kBlockQ)
     for (int j = 0; j < kBlockK; ++j) {
       const int key = key0 + j;
       float score = -INFINITY;
-      if (row_in_range && key >= my_keys.first && key <= my_keys.last) {
+      if (row_in_range && my_keys.contains(key)) {
         float dot = 0.f;
 #pragma unroll 16
         for (int c = 0; c < kHeadDimPadded; ++c) dot += my_q[c] * k_tile[j * kHeadDimPadded + c];
@@ -186,23 +162,24 @@ __global__ void __launch_bounds__(kBlockQ)
       tile_max = fmaxf(tile_max, score);
     }
 
-    const float new_max = fmaxf(running_max, tile_max);
-    if (new_max != -INFINITY) {  // otherwise every key so far is masked: nothing to add
-      const float rescale = expf(running_max - new_max);  // 0 when running_max is -inf
-      float tile_sum = 0.f;
+    // The scores are already scaled: exponent scale 1, natural exp. While every
+    // key so far is masked, m stays -inf and l and O stay 0.
+    const auto exp_natural = [](float x) { return expf(x); };
+    float offset;
+    const float rescale =
+        online_softmax_rescale(running_max, fmaxf(running_max, tile_max), 1.f, offset, exp_natural);
+    float tile_sum = 0.f;
 #pragma unroll
-      for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
+    for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
 #pragma unroll 1
-      for (int j = 0; j < kBlockK; ++j) {
-        const float probability = expf(my_scores[j] - new_max);  // 0 for masked keys
-        tile_sum += probability;
+    for (int j = 0; j < kBlockK; ++j) {
+      const float probability = softmax_probability(my_scores[j], 1.f, offset, exp_natural);
+      tile_sum += probability;
 #pragma unroll
-        for (int c = 0; c < kHeadDimPadded; ++c)
-          accumulator[c] += probability * v_tile[j * kHeadDimPadded + c];
-      }
-      running_sum = running_sum * rescale + tile_sum;
-      running_max = new_max;
+      for (int c = 0; c < kHeadDimPadded; ++c)
+        accumulator[c] += probability * v_tile[j * kHeadDimPadded + c];
     }
+    running_sum = running_sum * rescale + tile_sum;
 
     // cuda-gdb: the online-softmax state of this row after key_tile (tests/debug uses this line).
     if (params.trace.enabled() && row_in_range) {
@@ -216,14 +193,14 @@ __global__ void __launch_bounds__(kBlockQ)
 
   if (!row_in_range) return;
   // A row that saw no key (fully masked) gets output 0 and LSE -inf.
-  const float inverse_sum = running_sum > 0.f ? 1.f / running_sum : 0.f;
+  const SoftmaxResult result = online_softmax_finish(running_max, running_sum, 1.f);
   Element* my_out = out + my_row * params.out_row_stride;
 #pragma unroll
   for (int c = 0; c < kHeadDimPadded; ++c)
-    if (c < head_dim) my_out[c] = from_float<Element>(accumulator[c] * inverse_sum);
+    if (c < head_dim) my_out[c] = from_float<Element>(accumulator[c] * result.inverse_sum);
   const int64_t lse_index = batch * params.lse_batch_stride + head * params.lse_head_stride +
-                            q_row0 + my_row;
-  params.lse[lse_index] = running_sum > 0.f ? running_max + logf(running_sum) : -INFINITY;
+                            view.lse_row0 + my_row;
+  params.lse[lse_index] = result.lse;
 }
 
 template <typename Element, int kHeadDimPadded, bool kPlantedRowMaxBug>
@@ -243,12 +220,10 @@ void launch_with_head_dim(const AttentionParams& params) {
 
 template <typename Element, bool kPlantedRowMaxBug>
 void launch_with_element(const AttentionParams& params) {
-  if (params.head_dim <= 32)
-    launch_with_head_dim<Element, 32, kPlantedRowMaxBug>(params);
-  else if (params.head_dim <= 64)
-    launch_with_head_dim<Element, 64, kPlantedRowMaxBug>(params);
-  else
-    launch_with_head_dim<Element, 128, kPlantedRowMaxBug>(params);
+  // unsupported_reason rejects head dims above the largest entry before a launch.
+  FLASHLAB_HEAD_DIM_ROUND_UP_SWITCH(PaddedHeadDims, params.head_dim, kHeadDimPadded, [&] {
+    launch_with_head_dim<Element, kHeadDimPadded, kPlantedRowMaxBug>(params);
+  });
 }
 
 template <bool kPlantedRowMaxBug>

@@ -1,33 +1,29 @@
 // fa2_mma_sm80: the FlashAttention-2 forward pass on tensor cores with sm_80
-// instructions (mma.sync m16n8k16 + ldmatrix + cp.async; runs on sm_80 and sm_90).
+// instructions (mma.sync m16n8k16 + ldmatrix + cp.async; runs on sm_80 and newer).
 //
-// This file holds the registry descriptor and the dispatch on head_dim; the
-// kernel template is fa2_mma_sm80_kernel.cuh and each head dim is compiled in
-// its own fa2_mma_sm80_hdim<D>.cu.
+// This file holds the registry descriptor, the support check and the dispatch
+// on head_dim, all driven by fa2_mma_sm80::HeadDims (fa2_mma_sm80.h); it
+// compiles no kernel. The kernel template is fa2_mma_sm80_kernel.cuh; each head
+// dim is instantiated in its own generated fa2_mma_sm80_hdim<D>.cu.
 //
-// Tiling: per head dim, DefaultTraits<D> in the kernel header: block_q 128 with
-// 4 warps (two m16 row slabs per warp) and block_k 64 (128 for D = 64) for
-// D <= 128; block_q 64 with 4 warps (one slab each) and block_k 32 for D = 256;
-// K/V double-buffered with cp.async. Alternative tilings for head_dim 64 and
-// 128 (tuning only, flashlab-bench --sweep) are in fa2_mma_sm80_tuning*.
+// Tiling: DefaultTraits<D> in fa2_mma_sm80.h: block_q 128 with 4 warps (two m16
+// row slabs per warp) and block_k 64 (128 for D = 64) up to D = 128; block_q 64
+// with 4 warps (one slab each) and block_k 32 above; K/V double-buffered with
+// cp.async. Alternative tilings (tuning only, flashlab-bench --sweep) are in
+// src/kernels/dev/fa2_mma_sm80_tuning.
 //
-// Limits: fp16 / bf16; head_dim 32, 64, 96, 128, 256; 16-byte aligned base
-// pointers and strides that are multiples of 8 elements; no tile tracing.
+// Limits: fp16 / bf16; head_dim in HeadDims (32, 64, 96, 128, 256); 16-byte
+// aligned base pointers and strides that are multiples of 8 elements; no tile
+// tracing.
 #include <cstdint>
 #include <string>
 
-#include "fa2_mma_sm80_kernel.cuh"
 #include "flashlab/kernel_registry.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
 
 namespace flashlab {
-namespace {
 
-bool is_supported_head_dim(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 ||
-         head_dim == 256;
-}
-
-}  // namespace
+using fa2_mma_sm80::HeadDims;
 
 // Shared by every tile configuration, the tuning ones included
 // (fa2_mma_sm80_tuning.cu).
@@ -35,8 +31,8 @@ std::string fa2_mma_sm80::unsupported_reason(const AttentionParams& params) {
   if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16)
     return std::string("fa2_mma_sm80 supports float16 and bfloat16 inputs; got ") +
            data_type_name(params.dtype);
-  if (!is_supported_head_dim(params.head_dim))
-    return "fa2_mma_sm80 supports head_dim 32, 64, 96, 128, 256; got " +
+  if (!HeadDims::contains(params.head_dim))
+    return "fa2_mma_sm80 supports head_dim " + HeadDims::text() + "; got " +
            std::to_string(params.head_dim);
   if (params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     return "fa2_mma_sm80 needs heads to be a multiple of kv_heads; got " +
@@ -69,29 +65,18 @@ namespace {
 using fa2_mma_sm80::DefaultTraits;
 
 TileShape tile_shape(const AttentionParams& params) {
-  const auto shape = [](auto traits) {
-    using Tr = decltype(traits);
-    return TileShape{Tr::kBlockQ, Tr::kBlockK};
-  };
-  switch (params.head_dim) {
-    case 32: return shape(DefaultTraits<32>::type{});
-    case 64: return shape(DefaultTraits<64>::type{});
-    case 96: return shape(DefaultTraits<96>::type{});
-    case 128: return shape(DefaultTraits<128>::type{});
-    case 256: return shape(DefaultTraits<256>::type{});
-    default: return TileShape{};
-  }
+  TileShape shape;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    using Tr = typename DefaultTraits<kHeadDim>::type;
+    shape = {Tr::kBlockQ, Tr::kBlockK};
+  });
+  return shape;
 }
 
 void launch(const AttentionParams& params) {
-  switch (params.head_dim) {
-    case 32: return fa2_mma_sm80::run_head_dim<32>(params);
-    case 64: return fa2_mma_sm80::run_head_dim<64>(params);
-    case 96: return fa2_mma_sm80::run_head_dim<96>(params);
-    case 128: return fa2_mma_sm80::run_head_dim<128>(params);
-    case 256: return fa2_mma_sm80::run_head_dim<256>(params);
-    default: break;  // unsupported_reason rejects other head dims before launch
-  }
+  // unsupported_reason rejects other head dims before a launch.
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim,
+                           [&] { fa2_mma_sm80::launch<typename DefaultTraits<kHeadDim>::type>(params); });
 }
 
 }  // namespace
@@ -101,7 +86,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.name = "fa2_mma_sm80";
   variant.summary =
       "FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async "
-      "double buffering), fp16/bf16, head_dim 32/64/96/128/256, causal/window, GQA, varlen";
+      "double buffering), fp16/bf16, head_dim " + HeadDims::text("/") + ", causal/window, GQA, varlen";
   variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = false;
   variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;

@@ -13,8 +13,10 @@
 // The output is staged through the warp's own Q rows in shared memory so the
 // global stores are 16-byte and coalesced.
 //
-// Tiling: Traits<HeadDim, BlockQ, BlockK, Warps, Stages, QInRegs>; shared rows
-// are padded by 16 bytes so every ldmatrix phase hits 8 distinct bank groups.
+// Tiling: Traits<HeadDim, BlockQ, BlockK, Warps, Stages, QInRegs> (fa2_mma_sm80.h);
+// shared rows are padded by 16 bytes so every ldmatrix phase hits 8 distinct
+// bank groups. The visible-key rule, the sequence view and the online-softmax
+// update come from src/kernels/common/.
 //
 // Limits: fp16 / bf16 only, head_dim a multiple of 32 (one instantiation per
 // head dim), base pointers 16-byte aligned and strides multiples of 8 elements
@@ -26,131 +28,18 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <string>
-#include <type_traits>
 
+#include "common/online_softmax.h"
+#include "common/ptx_sm80.h"
+#include "common/sequence_view.h"
+#include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
 
 namespace flashlab::fa2_mma_sm80 {
 
-template <int HeadDim, int BlockQ, int BlockK, int Warps, int Stages, bool QInRegs>
-struct Traits {
-  static constexpr int kHeadDim = HeadDim;
-  static constexpr int kBlockQ = BlockQ;
-  static constexpr int kBlockK = BlockK;
-  static constexpr int kWarps = Warps;
-  static constexpr int kThreads = Warps * 32;
-  static constexpr int kStages = Stages;
-  static constexpr bool kQInRegs = QInRegs;
-  static constexpr int kRowsPerWarp = BlockQ / Warps;
-  static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 slabs per warp
-  // Elements per shared-memory row: head_dim plus 16 bytes of padding.
-  static constexpr int kSmemStride = HeadDim + 8;
-  static constexpr int kQTileElems = BlockQ * kSmemStride;
-  static constexpr int kKVTileElems = BlockK * kSmemStride;
-  static constexpr int kSmemBytes = (kQTileElems + 2 * Stages * kKVTileElems) * 2;
-
-  static_assert(HeadDim % 32 == 0, "head_dim must be a multiple of 32");
-  static_assert(BlockQ % (16 * Warps) == 0, "each warp owns whole m16 slabs");
-  static_assert(BlockK % 16 == 0, "key tile must be a multiple of 16");
-  static_assert(Stages >= 2, "need at least double buffering");
-};
-
-// Default tile configuration for each supported head dim (what launches run).
-// Two m16 slabs per warp (block_q 128, 4 warps) let each K/V fragment read from
-// shared memory feed two MMAs: on H100 (bf16, 8x16 heads, seqlen 4096) that beat
-// one slab per warp by 20-50%. Q stays in shared memory where keeping it in
-// registers would spill; head_dim 256 keeps one slab per warp so O fits.
-template <int HeadDim> struct DefaultTraits;
-template <> struct DefaultTraits<32> { using type = Traits<32, 128, 64, 4, 2, true>; };
-template <> struct DefaultTraits<64> { using type = Traits<64, 128, 128, 4, 2, false>; };
-template <> struct DefaultTraits<96> { using type = Traits<96, 128, 64, 4, 2, false>; };
-template <> struct DefaultTraits<128> { using type = Traits<128, 128, 64, 4, 2, false>; };
-template <> struct DefaultTraits<256> { using type = Traits<256, 64, 32, 4, 2, false>; };
-
-// Defined in fa2_mma_sm80.cu: empty when some tile configuration can run the
-// problem (dtype, head_dim 32/64/96/128/256, compute capability, GQA ratio,
-// grid limits, 16-byte alignment), else the reason. Host only.
-std::string unsupported_reason(const AttentionParams& params);
-
-// Defined in fa2_mma_sm80_hdim<D>.cu, one head dim per file.
-template <int HeadDim>
-void run_head_dim(const AttentionParams& params);
-template <> void run_head_dim<32>(const AttentionParams& params);
-template <> void run_head_dim<64>(const AttentionParams& params);
-template <> void run_head_dim<96>(const AttentionParams& params);
-template <> void run_head_dim<128>(const AttentionParams& params);
-template <> void run_head_dim<256>(const AttentionParams& params);
-
-// ---------------------------------------------------------------------------
-// PTX wrappers.
-
-__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
-// 16-byte async copy; src_bytes = 0 zero-fills the destination and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-// c += a * b for one m16n8k16 tile, fp32 accumulators.
-template <typename Element>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// 2^x with the hardware approximation (exp2f without fast-math adds range
-// fix-ups); ex2.approx(-inf) = +0, which the masking relies on.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two floats -> one register holding two 16-bit values (low = first).
-template <typename Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
+using namespace ::flashlab::sm80;  // cp.async, ldmatrix, mma, mma_b_block, fast_exp2, pack2
 
 // ---------------------------------------------------------------------------
 // Copies a Rows x HeadDim tile (row-major, row_stride elements apart) into
@@ -216,38 +105,19 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
   const int batch = blockIdx.z;
 
   // Per-batch sequence lengths and row offsets (packed tokens when varlen).
-  int seqlen_q = p.seqlen_q, seqlen_k = p.seqlen_k;
-  int64_t q_offset, o_offset, k_offset, v_offset, lse_row0 = 0;
-  if (p.cu_seqlens_q != nullptr) {
-    const int start = p.cu_seqlens_q[batch];
-    seqlen_q = p.cu_seqlens_q[batch + 1] - start;
-    q_offset = start * p.q_row_stride;
-    o_offset = start * p.out_row_stride;
-    lse_row0 = start;
-  } else {
-    q_offset = batch * p.q_batch_stride;
-    o_offset = batch * p.out_batch_stride;
-  }
-  if (p.cu_seqlens_k != nullptr) {
-    const int start = p.cu_seqlens_k[batch];
-    seqlen_k = p.cu_seqlens_k[batch + 1] - start;
-    k_offset = start * p.k_row_stride;
-    v_offset = start * p.v_row_stride;
-  } else {
-    k_offset = batch * p.k_batch_stride;
-    v_offset = batch * p.v_batch_stride;
-  }
+  const SequenceView view = sequence_view(p, batch);
+  const int seqlen_q = view.seqlen_q, seqlen_k = view.seqlen_k;
   const int q0 = q_tile * kBQ;
   if (q0 >= seqlen_q) return;
 
   const int kv_head = head / (p.heads / p.kv_heads);
-  const Element* q_ptr = static_cast<const Element*>(p.q) + q_offset + head * p.q_head_stride;
-  const Element* k_ptr = static_cast<const Element*>(p.k) + k_offset + kv_head * p.k_head_stride;
-  const Element* v_ptr = static_cast<const Element*>(p.v) + v_offset + kv_head * p.v_head_stride;
-  Element* o_ptr = static_cast<Element*>(p.out) + o_offset + head * p.out_head_stride;
+  const Element* q_ptr = static_cast<const Element*>(p.q) + view.q_offset + head * p.q_head_stride;
+  const Element* k_ptr = static_cast<const Element*>(p.k) + view.k_offset + kv_head * p.k_head_stride;
+  const Element* v_ptr = static_cast<const Element*>(p.v) + view.v_offset + kv_head * p.v_head_stride;
+  Element* o_ptr = static_cast<Element*>(p.out) + view.out_offset + head * p.out_head_stride;
   float* lse_ptr = p.lse == nullptr ? nullptr
                                     : p.lse + batch * p.lse_batch_stride +
-                                          head * p.lse_head_stride + lse_row0;
+                                          head * p.lse_head_stride + view.lse_row0;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -256,15 +126,12 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
   const int thread_in_group = lane % 4;
   const int warp_row0 = warp * Tr::kRowsPerWarp;  // first row of this warp in the tile
 
-  // Keys visible to at least one row of this query tile (bottom-right aligned).
-  const int diagonal = seqlen_k - seqlen_q;  // key index aligned with query row 0
-  const int q_last = min(q0 + kBQ, seqlen_q) - 1;
+  // Key tiles visible to at least one row of this query tile; the rest are skipped.
   const int window_left = p.window_left, window_right = p.window_right;
-  int key_begin = 0, key_end = seqlen_k;
-  if (window_left >= 0) key_begin = max(0, q0 + diagonal - window_left);
-  if (window_right >= 0) key_end = min(seqlen_k, q_last + diagonal + window_right + 1);
-  const int tile_begin = key_begin / kBK;
-  const int tile_end = key_end > key_begin ? (key_end + kBK - 1) / kBK : tile_begin;
+  const KeyRange tile_keys = visible_keys_of_rows(q0, min(q0 + kBQ, seqlen_q) - 1, seqlen_q,
+                                                  seqlen_k, window_left, window_right);
+  const int tile_begin = tile_keys.first / kBK;
+  const int tile_end = tile_keys.empty() ? tile_begin : tile_keys.last / kBK + 1;
 
   // Online-softmax state: two rows per thread per m16 slab (group, group + 8).
   float row_max[kMT][2];
@@ -284,6 +151,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
   }
 
   const float scale_log2 = p.softmax_scale * kLog2e;
+  const auto exp2 = [](float x) { return fast_exp2(x); };
 
   if (tile_begin < tile_end) {
     // Prologue: Q (joins the first group) and the first kStages-1 K/V tiles.
@@ -363,39 +231,28 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
           }
         }
 #pragma unroll
-        for (int nk = 0; nk < kBK / 16; ++nk) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_stage + (nk * 16 * kStride + ks * 16) * 2);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Element>(acc_s[mt][2 * nk], a_frag[mt], b[0], b[1]);
-            mma_16816<Element>(acc_s[mt][2 * nk + 1], a_frag[mt], b[2], b[3]);
-          }
-        }
+        for (int nk = 0; nk < kBK / 16; ++nk)
+          mma_b_block<Element, /*kTransposeB=*/false>(acc_s, nk, a_frag,
+                                                      k_stage + (nk * 16 * kStride + ks * 16) * 2);
       }
 
-      // Mask only tiles that some row of the query tile does not see whole.
+      // Mask only tiles that some row of the query tile does not see whole
+      // (the sequence end counts: visible keys stop at seqlen_k - 1).
       const int k0 = tile * kBK;
-      const bool needs_mask =
-          k0 + kBK > seqlen_k ||
-          (window_right >= 0 && k0 + kBK - 1 > q0 + diagonal + window_right) ||
-          (window_left >= 0 && k0 < q0 + kBQ - 1 + diagonal - window_left);
-      if (needs_mask) {
+      if (!tile_fully_visible(q0, q0 + kBQ - 1, k0, k0 + kBK - 1, seqlen_q, seqlen_k, window_left,
+                              window_right)) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int row = q0 + warp_row0 + mt * 16 + group + h * 8;
-            const int key_hi = window_right >= 0 ? min(seqlen_k - 1, row + diagonal + window_right)
-                                                 : seqlen_k - 1;
-            const int key_lo = window_left >= 0 ? row + diagonal - window_left : 0;
+            const KeyRange keys = visible_keys(q0 + warp_row0 + mt * 16 + group + h * 8, seqlen_q,
+                                               seqlen_k, window_left, window_right);
 #pragma unroll
             for (int n = 0; n < kSTiles; ++n)
 #pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int key = k0 + n * 8 + thread_in_group * 2 + i;
-                if (key < key_lo || key > key_hi) acc_s[mt][n][h * 2 + i] = -INFINITY;
-              }
+              for (int i = 0; i < 2; ++i)
+                if (!keys.contains(k0 + n * 8 + thread_in_group * 2 + i))
+                  acc_s[mt][n][h * 2 + i] = -INFINITY;
           }
       }
 
@@ -410,17 +267,15 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
             tile_max = fmaxf(tile_max, fmaxf(acc_s[mt][n][h * 2], acc_s[mt][n][h * 2 + 1]));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          // A row with nothing visible yet keeps max -inf; subtract 0 then so
-          // exp2(-inf) gives 0 instead of exp2(-inf + inf) = NaN.
-          const float max_scaled = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
-          const float correction = fast_exp2(row_max[mt][h] * scale_log2 - max_scaled);
-          row_max[mt][h] = tile_max;
+          float offset;
+          const float correction =
+              online_softmax_rescale(row_max[mt][h], tile_max, scale_log2, offset, exp2);
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kSTiles; ++n)
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const float prob = fast_exp2(fmaf(acc_s[mt][n][h * 2 + i], scale_log2, -max_scaled));
+              const float prob = softmax_probability(acc_s[mt][n][h * 2 + i], scale_log2, offset, exp2);
               acc_s[mt][n][h * 2 + i] = prob;
               sum += prob;
             }
@@ -445,15 +300,9 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
           p_frag[mt][3] = pack2<Element>(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
         }
 #pragma unroll
-        for (int nd = 0; nd < kD / 16; ++nd) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_stage + (kk * 16 * kStride + nd * 16) * 2);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Element>(acc_o[mt][2 * nd], p_frag[mt], b[0], b[1]);
-            mma_16816<Element>(acc_o[mt][2 * nd + 1], p_frag[mt], b[2], b[3]);
-          }
-        }
+        for (int nd = 0; nd < kD / 16; ++nd)
+          mma_b_block<Element, /*kTransposeB=*/true>(acc_o, nd, p_frag,
+                                                     v_stage + (kk * 16 * kStride + nd * 16) * 2);
       }
     }
     cp_async_wait<0>();  // only empty groups remain; drain before reusing Q smem
@@ -467,16 +316,14 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
       float sum = row_sum[mt][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const bool any_visible = sum > 0.f;
-      const float inv_sum = any_visible ? 1.f / sum : 0.f;
+      const SoftmaxResult result = online_softmax_finish(row_max[mt][h], sum, p.softmax_scale);
 #pragma unroll
       for (int n = 0; n < kOTiles; ++n) {
-        acc_o[mt][n][h * 2] *= inv_sum;
-        acc_o[mt][n][h * 2 + 1] *= inv_sum;
+        acc_o[mt][n][h * 2] *= result.inverse_sum;
+        acc_o[mt][n][h * 2 + 1] *= result.inverse_sum;
       }
       const int row = q0 + warp_row0 + mt * 16 + group + h * 8;
-      if (lse_ptr != nullptr && thread_in_group == 0 && row < seqlen_q)
-        lse_ptr[row] = any_visible ? row_max[mt][h] * p.softmax_scale + logf(sum) : -INFINITY;
+      if (lse_ptr != nullptr && thread_in_group == 0 && row < seqlen_q) lse_ptr[row] = result.lse;
     }
 
   // Stage O through this warp's own Q rows (no other warp reads them), then
@@ -523,13 +370,10 @@ void launch_forward(const AttentionParams& params) {
   FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80", params);
 }
 
-// Dispatch on the element type for one tile configuration.
+// Dispatch on the element type for one tile configuration (declared in fa2_mma_sm80.h).
 template <class Tr>
-void launch_for_dtype(const AttentionParams& params) {
-  if (params.dtype == DataType::bfloat16)
-    launch_forward<Tr, __nv_bfloat16>(params);
-  else
-    launch_forward<Tr, __half>(params);
+void launch(const AttentionParams& params) {
+  FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] { launch_forward<Tr, Element>(params); });
 }
 
 }  // namespace flashlab::fa2_mma_sm80

@@ -1,0 +1,66 @@
+// The online-softmax update rule, written once for every forward kernel
+// (flash-attn's softmax.h idea). Per query row a kernel keeps
+//   m  the running max of the scores seen so far (score units, before `scale`),
+//      -inf while every key so far was masked,
+//   l  the running sum of exp(scale * s - offset(m)) over those keys,
+//   O  the unnormalized output accumulator, on the same footing as l.
+// For each key tile: the new max m' = max(m, max of the tile), then
+//   c = online_softmax_rescale(m, m', scale, offset, exp)   (m becomes m')
+//   l = l * c + sum_j p_j,  O = O * c + sum_j p_j v_j,  p_j = softmax_probability(s_j, scale, offset, exp)
+// and at the end online_softmax_finish gives 1/l and the LSE, 0 and -inf for a
+// row that saw no key.
+//
+// `scale` multiplies scores into the exponent's units and `exp` is the matching
+// exponential: 1 and expf for scores already multiplied by softmax_scale (fa1),
+// softmax_scale * log2(e) and ex2.approx for raw scores (fa2, fa3). Host and
+// device; the reductions across threads (shuffles) stay with the kernel.
+#pragma once
+
+#include <cmath>
+
+#include "flashlab/kernel_params.h"
+
+namespace flashlab {
+
+// What the exponent subtracts for a row whose max is row_max: scale * row_max,
+// or 0 while nothing is visible (row_max -inf), so that masked scores give
+// exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
+FLASHLAB_HOST_DEVICE inline float softmax_offset(float row_max, float scale) {
+  return row_max == -INFINITY ? 0.f : row_max * scale;
+}
+
+// The row's max moves from row_max to new_max (>= row_max). Sets row_max to
+// new_max and offset to softmax_offset(new_max, scale), and returns the factor
+// that rescales the old l and O: exp(scale * old max - offset), 0 when the old
+// max was -inf (nothing to rescale).
+template <class Exp>
+FLASHLAB_HOST_DEVICE inline float online_softmax_rescale(float& row_max, float new_max, float scale,
+                                                         float& offset, Exp exp) {
+  offset = softmax_offset(new_max, scale);
+  const float correction = exp(row_max * scale - offset);
+  row_max = new_max;
+  return correction;
+}
+
+// One unnormalized probability: exp(scale * score - offset); 0 for a masked (-inf) score.
+template <class Exp>
+FLASHLAB_HOST_DEVICE inline float softmax_probability(float score, float scale, float offset, Exp exp) {
+  return exp(fmaf(score, scale, -offset));
+}
+
+struct SoftmaxResult {
+  float inverse_sum;  // multiplies O: 1 / l, or 0 for a row that saw no key (O = 0)
+  float lse;          // natural-log LSE: softmax_scale * m + log(l), or -inf
+};
+
+// After the last tile (row_sum reduced over the threads that share the row).
+// max_to_natural turns m into natural-log units: softmax_scale for raw-score
+// maxima, 1 for maxima of scaled scores.
+FLASHLAB_HOST_DEVICE inline SoftmaxResult online_softmax_finish(float row_max, float row_sum,
+                                                                float max_to_natural) {
+  const bool any_visible = row_sum > 0.f;
+  return {any_visible ? 1.f / row_sum : 0.f,
+          any_visible ? row_max * max_to_natural + logf(row_sum) : -INFINITY};
+}
+
+}  // namespace flashlab

@@ -5,8 +5,9 @@
 //
 // Own flags (Google Benchmark's --benchmark_* flags work as usual):
 //   --head-dims=64,128  --seqlens=1024,4096,16384  --tokens=32768 (batch = tokens / seqlen)
-//   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=bf16|fp16  --causal=both|on|off
+//   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=fp32|fp16|bf16  --causal=both|on|off
 //   --kernels=all|name,name  --backends=all|flash,cudnn,efficient,math|none
+// (flashlab-run's grammar: --name value or --name=value; bad values exit 2, see --help)
 //   --sweep: instead of the registered kernels and all SDPA backends, every
 //     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
 //     block sizes, warps, stages, Q in registers or shared memory; --kernels
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -37,6 +39,7 @@
 #include "flashlab/cuda_check.h"
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/kernel_registry.h"
+#include "flashlab/harness/arguments.h"
 #include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
@@ -47,6 +50,8 @@ using flashlab::EventTimer;
 using flashlab::median;
 using flashlab::ProblemSpec;
 
+const std::vector<std::string> kBackends = {"flash", "cudnn", "efficient", "math"};
+
 struct BenchConfig {
   std::vector<int> head_dims = {64, 128};
   std::vector<int> seqlens = {1024, 4096, 16384};
@@ -55,49 +60,74 @@ struct BenchConfig {
   at::ScalarType dtype = at::kBFloat16;
   std::vector<bool> causal = {false, true};
   std::vector<std::string> kernels;  // empty: all registered
-  std::vector<std::string> backends = {"flash", "cudnn", "efficient", "math"};
+  std::vector<std::string> backends = kBackends;
   bool backends_given = false;
   bool sweep = false;  // tuning_kernels() instead of registered_kernels()
 };
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> parts;
-  std::stringstream stream(text);
-  for (std::string part; std::getline(stream, part, ',');)
-    if (!part.empty()) parts.push_back(part);
-  return parts;
-}
-
-// Takes our flags out of argv so Google Benchmark sees only its own.
-BenchConfig parse_own_flags(int& argc, char** argv) {
+// Our flags; Google Benchmark's --benchmark_* flags are handed back in `passed_through`.
+// Throws flashlab::ArgumentError (exit 2). nullopt: --help was printed.
+std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<std::string>& passed_through) {
   BenchConfig config;
-  int kept = 1;
-  for (int index = 1; index < argc; ++index) {
-    const std::string argument = argv[index];
-    auto value_of = [&](const std::string& flag) -> std::optional<std::string> {
-      if (argument.rfind(flag + "=", 0) == 0) return argument.substr(flag.size() + 1);
-      return std::nullopt;
-    };
-    auto integers = [](const std::string& text) {
-      std::vector<int> values;
-      for (const auto& part : split(text)) values.push_back(std::stoi(part));
-      return values;
-    };
-    if (auto v = value_of("--head-dims")) config.head_dims = integers(*v);
-    else if (auto v = value_of("--seqlens")) config.seqlens = integers(*v);
-    else if (auto v = value_of("--tokens")) config.tokens = std::stoi(*v);
-    else if (auto v = value_of("--model-dim")) config.model_dim = std::stoi(*v);
-    else if (auto v = value_of("--dtype")) config.dtype = *v == "fp16" ? at::kHalf : at::kBFloat16;
-    else if (auto v = value_of("--causal"))
-      config.causal = *v == "on" ? std::vector<bool>{true} : *v == "off" ? std::vector<bool>{false} : std::vector<bool>{false, true};
-    else if (auto v = value_of("--kernels")) config.kernels = *v == "all" ? std::vector<std::string>{} : split(*v);
-    else if (auto v = value_of("--backends")) {
-      config.backends = *v == "all" ? BenchConfig{}.backends : *v == "none" ? std::vector<std::string>{} : split(*v);
-      config.backends_given = true;
-    } else if (argument == "--sweep") config.sweep = true;
-    else argv[kept++] = argv[index];
+  std::vector<std::string> kernels;
+  bool kernels_given = false;
+  using flashlab::parse_int;
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  flashlab::ArgumentParser parser(
+      "flashlab-bench",
+      "Every registered kernel and torch SDPA's backends on the same inputs, timed with CUDA events.",
+      "exit codes: 0 done, 2 bad arguments, 3 no usable GPU\n");
+  parser
+      .option("--head-dims", "D1,D2,...", "(default 64,128)",
+              [&](const std::string& v) { config.head_dims = flashlab::parse_int_list("--head-dims", v, 1, kIntMax); })
+      .option("--seqlens", "S1,S2,...", "seqlen_q = seqlen_k (default 1024,4096,16384)",
+              [&](const std::string& v) { config.seqlens = flashlab::parse_int_list("--seqlens", v, 1, kIntMax); })
+      .option("--tokens", "N", "batch = tokens / seqlen (default 32768)",
+              [&](const std::string& v) { config.tokens = parse_int("--tokens", v, 1, kIntMax); })
+      .option("--model-dim", "N", "heads = model-dim / head_dim (default 2048)",
+              [&](const std::string& v) { config.model_dim = parse_int("--model-dim", v, 1, kIntMax); })
+      .option("--dtype", "fp32|fp16|bf16", "(default bf16)",
+              [&](const std::string& v) { config.dtype = flashlab::parse_dtype("--dtype", v); })
+      .option("--causal", "both|on|off", "(default both)",
+              [&](const std::string& v) {
+                config.causal = flashlab::parse_choice<std::vector<bool>>(
+                    "--causal", v, {{"both", {false, true}}, {"on", {true}}, {"off", {false}}});
+              })
+      .option("--kernels", "all|NAME,...",
+              "registered kernels to time (with --sweep: tuning configurations) (default all)",
+              [&](const std::string& v) {
+                kernels = v == "all" ? std::vector<std::string>{} : flashlab::parse_list("--kernels", v);
+                kernels_given = true;
+              })
+      .option("--backends", "all|none|flash,cudnn,efficient,math", "torch SDPA backends (default all)",
+              [&](const std::string& v) {
+                if (v == "all") config.backends = kBackends;
+                else if (v == "none") config.backends.clear();
+                else {
+                  config.backends = flashlab::parse_list("--backends", v);
+                  std::vector<std::string> accepted = {"all", "none"};
+                  accepted.insert(accepted.end(), kBackends.begin(), kBackends.end());
+                  flashlab::check_choices("--backends", config.backends, accepted);
+                }
+                config.backends_given = true;
+              })
+      .flag("--sweep",
+            "time every tuning configuration that takes the case (after a correctness\ncheck) against "
+            "sdpa_flash, instead of the registered kernels",
+            [&] { config.sweep = true; })
+      .pass_through("--benchmark_", "Google Benchmark's own flags (--benchmark_filter=REGEX, --benchmark_out=FILE, ...)");
+  const auto result = parser.parse(argc, argv);
+  if (result.help) {
+    std::cout << parser.usage();
+    return std::nullopt;
   }
-  argc = kept;
+  passed_through = result.passed_through;
+  // Kernel names are checked once --sweep is known (it chooses the list they come from).
+  std::vector<std::string> accepted = {"all"};
+  for (const auto& kernel : config.sweep ? flashlab::tuning_kernels() : flashlab::registered_kernels())
+    accepted.push_back(kernel.name);
+  if (kernels_given) flashlab::check_choices("--kernels", kernels, accepted);
+  config.kernels = kernels;
   if (config.sweep && !config.backends_given) config.backends = {"flash"};
   return config;
 }
@@ -314,14 +344,21 @@ void print_summary(const BenchConfig& config) {
 
 int main(int argc, char** argv) {
   BenchConfig config;
+  std::vector<std::string> benchmark_flags;
   try {
-    config = parse_own_flags(argc, argv);
-  } catch (const std::exception& error) {
-    std::cerr << "flashlab-bench: bad flag: " << error.what() << "\n";
+    const std::optional<BenchConfig> parsed = parse_own_flags(argc, argv, benchmark_flags);
+    if (!parsed) return 0;  // --help
+    config = *parsed;
+  } catch (const flashlab::ArgumentError& error) {
+    std::cerr << "flashlab-bench: " << error.what() << " (see --help)\n";
     return 2;
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  // Google Benchmark sees the program name and its own flags only.
+  std::vector<char*> benchmark_argv = {argv[0]};
+  for (auto& flag : benchmark_flags) benchmark_argv.push_back(flag.data());
+  int benchmark_argc = static_cast<int>(benchmark_argv.size());
+  benchmark::Initialize(&benchmark_argc, benchmark_argv.data());
+  if (benchmark::ReportUnrecognizedArguments(benchmark_argc, benchmark_argv.data())) return 2;
   const std::string unavailable = flashlab::cuda_unavailable_reason();
   if (!unavailable.empty()) {
     std::cerr << "flashlab-bench: cannot run: " << unavailable << "\n";

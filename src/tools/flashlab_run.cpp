@@ -7,12 +7,14 @@
 #include <vector>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "flashlab/kernel_registry.h"
+#include "flashlab/harness/arguments.h"
 #include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
@@ -22,174 +24,132 @@ namespace {
 
 constexpr int kExitPass = 0, kExitMismatch = 1, kExitBadArguments = 2, kExitNoGpu = 3;
 
-const char* kUsage = R"(usage: flashlab-run [options]
-  --kernel NAME          registered kernel or auto (default auto); --list-kernels lists them
-  --batch B              (default 2)
-  --heads H              query heads (default 8)
-  --kv-heads HKV         key/value heads, H % HKV == 0 (default: H)
-  --seqlen-q SQ          (default 113)
-  --seqlen-k SK          (default: SQ)
-  --seqlens L1,L2,...    variable-length batch: per-sequence query lengths (>= 0; replaces
-                         --batch, --seqlen-q and --seqlen-k), inputs packed (total, H, D)
-  --seqlens-k L1,L2,...  per-sequence key lengths, as many as --seqlens (default: --seqlens)
-  --head-dim D           (default 64)
-  --dtype fp32|fp16|bf16 (default fp16)
-  --causal               bottom-right aligned causal mask
-  --window-left N        sliding window, -1 = unbounded (default -1)
-  --window-right N       (default -1)
-  --softmax-scale X      (default 1/sqrt(D))
-  --seed N               (default: a fresh seed, printed so the run can be repeated)
-  --layout bshd|packed-qkv  packed-qkv: Q, K, V are views of one (B, S, H+2*HKV, D) tensor
-  --float64-reference    compare against a float64 reference (always for fp32)
-  --repeat N             timed launches for the median kernel time (default 20, 0 = no timing)
-  --json                 print one JSON object last
-  --trace-tiles          record the kernel's running max/sum per (row, key tile) and report the
-                         first state that differs from a float64 online softmax (kernels that
-                         support tracing; test-only kernels such as fa1_scalar_planted_bug allowed)
-  --show-state B,H,R,T   with --trace-tiles: also print the expected m and l of batch B, head H,
-                         row R after key tile T (what cuda-gdb should show)
-  --memory               peak device memory of the kernel against naive attention at seqlens
-                         256, 1024, 4096 (the other sizes from the options)
-exit codes: 0 pass, 1 mismatch, 2 bad arguments, 3 no usable GPU
-)";
-
-long long parse_integer(std::string_view flag, const std::string& text);
-
 struct Arguments {
   flashlab::ProblemSpec spec;
   bool json = false;
   int repeat = 20;
   bool trace_tiles = false;
   bool memory = false;
-  std::vector<long long> show_state;  // batch, head, row, key tile
+  std::vector<int> show_state;  // batch, head, row, key tile
 };
 
-std::vector<long long> parse_integer_list(std::string_view flag, const std::string& text) {
-  std::vector<long long> values;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = text.find(',', start);
-    values.push_back(parse_integer(flag, text.substr(start, comma - start)));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return values;
-}
+constexpr int kIntMax = std::numeric_limits<int>::max();
 
-long long parse_integer(std::string_view flag, const std::string& text) {
-  size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty())
-    throw std::invalid_argument(std::string(flag) + " expects an integer, got '" + text + "'");
-  return value;
-}
-
-// "100,0,513" -> {100, 0, 513}; every entry an integer >= 0.
-std::vector<int> parse_lengths(std::string_view flag, const std::string& text) {
-  std::vector<int> lengths;
-  for (const long long length : parse_integer_list(flag, text)) {
-    if (length < 0 || length > std::numeric_limits<int>::max())
-      throw std::invalid_argument(std::string(flag) + " expects lengths from 0 to " +
-                                  std::to_string(std::numeric_limits<int>::max()) + ", got " +
-                                  std::to_string(length));
-    lengths.push_back(static_cast<int>(length));
-  }
-  return lengths;
-}
-
-Arguments parse_arguments(int argc, char** argv) {
+// Throws flashlab::ArgumentError (exit 2). Returns nothing for --help / --list-kernels
+// (printed here; exit 0).
+std::optional<Arguments> parse_arguments(int argc, char** argv) {
   Arguments arguments;
   auto& spec = arguments.spec;
   bool kv_heads_given = false, seqlen_k_given = false, seed_given = false;
   bool fixed_length_given = false;  // --batch, --seqlen-q or --seqlen-k
-  for (int index = 1; index < argc; ++index) {
-    const std::string_view flag = argv[index];
-    auto value = [&]() -> std::string {
-      if (index + 1 >= argc) throw std::invalid_argument(std::string(flag) + " needs a value");
-      return argv[++index];
-    };
-    auto integer = [&]() { return static_cast<int>(parse_integer(flag, value())); };
-    if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(kExitPass);
-    } else if (flag == "--list-kernels") {
-      for (const auto& kernel : flashlab::registered_kernels())
-        std::cout << kernel.name << "\t" << kernel.summary << "\n";
-      std::exit(kExitPass);
-    } else if (flag == "--kernel") spec.kernel = value();
-    else if (flag == "--batch") spec.batch = integer(), fixed_length_given = true;
-    else if (flag == "--heads") spec.heads = integer();
-    else if (flag == "--kv-heads") spec.kv_heads = integer(), kv_heads_given = true;
-    else if (flag == "--seqlen-q") spec.seqlen_q = integer(), fixed_length_given = true;
-    else if (flag == "--seqlen-k") spec.seqlen_k = integer(), seqlen_k_given = true, fixed_length_given = true;
-    else if (flag == "--seqlens") spec.seqlens_q = parse_lengths(flag, value());
-    else if (flag == "--seqlens-k") spec.seqlens_k = parse_lengths(flag, value());
-    else if (flag == "--head-dim") spec.head_dim = integer();
-    else if (flag == "--causal") spec.causal = true;
-    else if (flag == "--window-left") spec.window_left = integer();
-    else if (flag == "--window-right") spec.window_right = integer();
-    else if (flag == "--float64-reference") spec.float64_reference = true;
-    else if (flag == "--json") arguments.json = true;
-    else if (flag == "--trace-tiles") arguments.trace_tiles = true;
-    else if (flag == "--memory") arguments.memory = true;
-    else if (flag == "--show-state") {
-      arguments.show_state = parse_integer_list(flag, value());
-      if (arguments.show_state.size() != 4)
-        throw std::invalid_argument("--show-state expects B,H,ROW,TILE (four integers)");
-    }
-    else if (flag == "--repeat") arguments.repeat = integer();
-    else if (flag == "--seed") spec.seed = static_cast<uint64_t>(parse_integer(flag, value())), seed_given = true;
-    else if (flag == "--softmax-scale") {
-      const std::string text = value();
-      try {
-        spec.softmax_scale = std::stod(text);
-      } catch (const std::exception&) {
-        throw std::invalid_argument("--softmax-scale expects a number, got '" + text + "'");
-      }
-    } else if (flag == "--dtype") {
-      const std::string name = value();
-      if (name == "fp32") spec.dtype = at::kFloat;
-      else if (name == "fp16") spec.dtype = at::kHalf;
-      else if (name == "bf16") spec.dtype = at::kBFloat16;
-      else throw std::invalid_argument("--dtype expects fp32, fp16 or bf16, got '" + name + "'");
-    } else if (flag == "--layout") {
-      const std::string name = value();
-      if (name == "bshd") spec.layout = flashlab::Layout::bshd;
-      else if (name == "packed-qkv") spec.layout = flashlab::Layout::packed_qkv;
-      else throw std::invalid_argument("--layout expects bshd or packed-qkv, got '" + name + "'");
-    } else {
-      throw std::invalid_argument("unknown option '" + std::string(flag) + "' (see --help)");
-    }
+  bool list_kernels = false;
+  using flashlab::parse_int;
+  flashlab::ArgumentParser parser(
+      "flashlab-run", "One seeded problem through one kernel and the reference, with the report.",
+      "exit codes: 0 pass, 1 mismatch (or a CUDA error in the kernel), 2 bad arguments or a problem "
+      "the kernel does not take, 3 no usable GPU\n");
+  parser
+      .option("--kernel", "NAME",
+              "a registered kernel, a developer kernel (planted bug, tuning) or auto (default auto)",
+              [&](const std::string& v) { spec.kernel = v; })
+      .flag("--list-kernels", "list the registered and developer kernels", [&] { list_kernels = true; })
+      .option("--batch", "B", "(default 2)",
+              [&](const std::string& v) { spec.batch = parse_int("--batch", v, 1, kIntMax), fixed_length_given = true; })
+      .option("--heads", "H", "query heads (default 8)",
+              [&](const std::string& v) { spec.heads = parse_int("--heads", v, 1, kIntMax); })
+      .option("--kv-heads", "HKV", "key/value heads, H % HKV == 0 (default: H)", [&](const std::string& v) {
+        spec.kv_heads = parse_int("--kv-heads", v, 1, kIntMax), kv_heads_given = true;
+      })
+      .option("--seqlen-q", "SQ", "(default 113)", [&](const std::string& v) {
+        spec.seqlen_q = parse_int("--seqlen-q", v, 1, kIntMax), fixed_length_given = true;
+      })
+      .option("--seqlen-k", "SK", "(default: SQ)", [&](const std::string& v) {
+        spec.seqlen_k = parse_int("--seqlen-k", v, 1, kIntMax), seqlen_k_given = true, fixed_length_given = true;
+      })
+      .option("--seqlens", "L1,L2,...",
+              "variable-length batch: per-sequence query lengths (>= 0; replaces\n--batch, --seqlen-q "
+              "and --seqlen-k), inputs packed (total, H, D)",
+              [&](const std::string& v) { spec.seqlens_q = flashlab::parse_int_list("--seqlens", v, 0, kIntMax); })
+      .option("--seqlens-k", "L1,L2,...", "per-sequence key lengths, as many as --seqlens (default: --seqlens)",
+              [&](const std::string& v) { spec.seqlens_k = flashlab::parse_int_list("--seqlens-k", v, 0, kIntMax); })
+      .option("--head-dim", "D", "(default 64)",
+              [&](const std::string& v) { spec.head_dim = parse_int("--head-dim", v, 1, kIntMax); })
+      .option("--dtype", "fp32|fp16|bf16", "(default fp16)",
+              [&](const std::string& v) { spec.dtype = flashlab::parse_dtype("--dtype", v); })
+      .flag("--causal", "bottom-right aligned causal mask", [&] { spec.causal = true; })
+      .option("--window-left", "N", "sliding window, -1 = unbounded (default -1)",
+              [&](const std::string& v) { spec.window_left = parse_int("--window-left", v, -1, kIntMax); })
+      .option("--window-right", "N", "(default -1)",
+              [&](const std::string& v) { spec.window_right = parse_int("--window-right", v, -1, kIntMax); })
+      .option("--softmax-scale", "X", "(default 1/sqrt(D))",
+              [&](const std::string& v) { spec.softmax_scale = flashlab::parse_number("--softmax-scale", v); })
+      .option("--seed", "N", "(default: a fresh seed, printed so the run can be repeated)",
+              [&](const std::string& v) {
+                spec.seed = static_cast<uint64_t>(flashlab::parse_integer("--seed", v, 0));
+                seed_given = true;
+              })
+      .option("--layout", "bshd|packed-qkv", "packed-qkv: Q, K, V are views of one (B, S, H+2*HKV, D) tensor",
+              [&](const std::string& v) {
+                spec.layout = flashlab::parse_choice<flashlab::Layout>(
+                    "--layout", v, {{"bshd", flashlab::Layout::bshd}, {"packed-qkv", flashlab::Layout::packed_qkv}});
+              })
+      .flag("--float64-reference", "compare against a float64 reference (always for fp32)",
+            [&] { spec.float64_reference = true; })
+      .option("--repeat", "N", "timed launches for the median kernel time (default 20, 0 = no timing)",
+              [&](const std::string& v) { arguments.repeat = parse_int("--repeat", v, 0, kIntMax); })
+      .flag("--json", "print one JSON object last", [&] { arguments.json = true; })
+      .flag("--trace-tiles",
+            "record the kernel's running max/sum per (row, key tile) and report the\nfirst state that "
+            "differs from a float64 online softmax (kernels that\nsupport tracing; test-only kernels such "
+            "as fa1_scalar_planted_bug allowed)",
+            [&] { arguments.trace_tiles = true; })
+      .option("--show-state", "B,H,R,T",
+              "with --trace-tiles: also print the expected m and l of batch B, head H,\nrow R after key "
+              "tile T (what cuda-gdb should show)",
+              [&](const std::string& v) {
+                arguments.show_state = flashlab::parse_int_list("--show-state", v, 0, kIntMax);
+                if (arguments.show_state.size() != 4)
+                  throw flashlab::ArgumentError("--show-state expects B,H,ROW,TILE (four integers), got '" + v + "'");
+              })
+      .flag("--memory",
+            "peak device memory of the kernel against naive attention at seqlens\n256, 1024, 4096 (the "
+            "other sizes from the options)",
+            [&] { arguments.memory = true; });
+  if (parser.parse(argc, argv).help) {
+    std::cout << parser.usage();
+    return std::nullopt;
   }
+  if (list_kernels) {
+    for (const auto& kernel : flashlab::registered_kernels())
+      std::cout << kernel.name << "\t" << kernel.summary << "\n";
+    std::cout << "developer kernels (by name only; never picked by auto):\n";
+    for (const auto* list : {&flashlab::test_only_kernels(), &flashlab::tuning_kernels()})
+      for (const auto& kernel : *list) std::cout << kernel.name << "\t" << kernel.summary << "\n";
+    return std::nullopt;
+  }
+  using flashlab::ArgumentError;
   if (!kv_heads_given) spec.kv_heads = spec.heads;
   if (!seqlen_k_given) spec.seqlen_k = spec.seqlen_q;
   if (!seed_given) spec.seed = std::random_device{}() % 1000000;
   if (!spec.seqlens_k.empty() && spec.seqlens_q.empty())
-    throw std::invalid_argument("--seqlens-k needs --seqlens (the query lengths)");
+    throw ArgumentError("--seqlens-k needs --seqlens (the query lengths)");
   if (spec.is_varlen()) {
     if (fixed_length_given)
-      throw std::invalid_argument(
-          "--seqlens replaces --batch, --seqlen-q and --seqlen-k; give one or the other");
+      throw ArgumentError("--seqlens replaces --batch, --seqlen-q and --seqlen-k; give one or the other");
     if (spec.key_seqlens().size() != spec.seqlens_q.size())
-      throw std::invalid_argument("--seqlens-k must give as many lengths as --seqlens; got " +
-                                  std::to_string(spec.seqlens_k.size()) + " and " +
-                                  std::to_string(spec.seqlens_q.size()));
+      throw ArgumentError("--seqlens-k must give as many lengths as --seqlens; got " +
+                          std::to_string(spec.seqlens_k.size()) + " and " +
+                          std::to_string(spec.seqlens_q.size()));
     if (spec.layout == flashlab::Layout::packed_qkv && spec.key_seqlens() != spec.seqlens_q)
-      throw std::invalid_argument("--layout packed-qkv needs --seqlens-k equal to --seqlens");
+      throw ArgumentError("--layout packed-qkv needs --seqlens-k equal to --seqlens");
     if (arguments.trace_tiles || arguments.memory)
-      throw std::invalid_argument("--trace-tiles and --memory take fixed-length problems, not --seqlens");
+      throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
   }
   if (!spec.is_varlen() && spec.layout == flashlab::Layout::packed_qkv &&
       spec.seqlen_q != spec.seqlen_k)
-    throw std::invalid_argument("--layout packed-qkv needs --seqlen-q == --seqlen-k");
-  if (spec.batch < 1 || spec.heads < 1 || spec.kv_heads < 1 || spec.seqlen_q < 1 ||
-      spec.seqlen_k < 1 || spec.head_dim < 1)
-    throw std::invalid_argument("batch, heads, kv-heads, seqlens and head-dim must be >= 1");
+    throw ArgumentError("--layout packed-qkv needs --seqlen-q == --seqlen-k");
+  if (!arguments.show_state.empty() && !arguments.trace_tiles)
+    throw ArgumentError("--show-state goes with --trace-tiles");
   return arguments;
 }
 
@@ -218,9 +178,11 @@ int run_tile_trace(const Arguments& arguments) {
 int main(int argc, char** argv) {
   Arguments arguments;
   try {
-    arguments = parse_arguments(argc, argv);
-  } catch (const std::invalid_argument& error) {
-    std::cerr << "flashlab-run: " << error.what() << "\n";
+    std::optional<Arguments> parsed = parse_arguments(argc, argv);
+    if (!parsed) return kExitPass;  // --help, --list-kernels
+    arguments = *parsed;
+  } catch (const flashlab::ArgumentError& error) {
+    std::cerr << "flashlab-run: " << error.what() << " (see --help)\n";
     return kExitBadArguments;
   }
   const std::string unavailable = flashlab::cuda_unavailable_reason();

@@ -3,7 +3,7 @@
 //
 // Algorithm: a persistent grid (one CTA per SM) walks (query block, head,
 // batch) work tiles, longest first under causal masks. Each CTA has three
-// warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 32
+// warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 24
 // registers, one thread issues TMA copies of the Q tile and of K and V tiles
 // into 128-byte-swizzled shared memory, through a kStages-deep ring of
 // mbarriers (K and V on separate barriers, so S = Q K^T starts before V has
@@ -16,9 +16,10 @@
 // the tiles cut by a causal diagonal come first; tiles no row of the block
 // sees are never loaded.
 //
-// Tiling: Traits<HeadDim, BlockN, Stages>: BlockM = 128 (2 consumers x 64),
-// BlockN 128 for head_dim 64/128 and 64 for 256 (shared memory: Q + 2 stages
-// of K and V = 80 / 160 / 192 KB). Shared tiles are stored as 64-column
+// Tiling: Traits<HeadDim, BlockN, Stages, Pingpong, Consumers>: BlockM = 64 x
+// consumers: 192 x 128 for head_dim 64 (three consumers at 160 registers),
+// 128 x 128 for 128, 128 x 64 for 256 (two at 240); shared memory Q + 2
+// stages of K and V = 88 / 160 / 192 KB. Shared tiles are stored as 64-column
 // panels of 128-byte rows (TMA box inner size = one swizzle row).
 //
 // Limits: fp16 / bf16, head_dim 64 / 128 / 256, compute capability 9.0 built
@@ -57,9 +58,13 @@ struct Traits {
   static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
   static constexpr int kQTileBytes = kBlockM * HeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
-  // setmaxnreg: 512 registers per thread slot across the warpgroups, in steps of 8.
-  static constexpr int kProducerRegisters = 32;
-  static constexpr int kConsumerRegisters = (512 - kProducerRegisters) / Consumers / 8 * 8;
+  // setmaxnreg moves registers within the CTA's launch allocation (65536 /
+  // threads, in steps of 8): what the producer gives up, the consumers share.
+  // Asking for more than that makes setmaxnreg.inc wait forever.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters =
+      (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * Consumers) / 8 * 8;
   // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
   static constexpr int kSmemBytes =
@@ -70,7 +75,7 @@ struct Traits {
 };
 
 template <int HeadDim> struct DefaultTraits;
-template <> struct DefaultTraits<64> { using type = Traits<64, 128, 2>; };
+template <> struct DefaultTraits<64> { using type = Traits<64, 128, 2, true, 3>; };
 template <> struct DefaultTraits<128> { using type = Traits<128, 128, 2>; };
 template <> struct DefaultTraits<256> { using type = Traits<256, 64, 2>; };
 

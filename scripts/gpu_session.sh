@@ -38,7 +38,8 @@ fi
 
 if has run; then
   section "flashlab-run acceptance problem"
-  for kernel in fa1_scalar fa2_mma_sm80; do
+  # Every registered kernel (the lines before the developer kernels in --list-kernels).
+  for kernel in $(build/release/flashlab-run --list-kernels | sed '/^developer kernels/,$d' | cut -f1); do
     build/release/flashlab-run --kernel $kernel --batch 1 --heads 16 --kv-heads 1 --seqlen-q 2048 \
       --seqlen-k 2048 --head-dim 64 --dtype fp16 --causal --layout packed-qkv --seed 2024 --json \
       2>&1 | tee "$out/run_$kernel.log" | tail -n 14

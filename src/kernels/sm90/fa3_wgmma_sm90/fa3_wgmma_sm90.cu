@@ -6,7 +6,10 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <set>
+#include <utility>
 #include <string>
 
 #include "fa3_wgmma_sm90_kernel.cuh"
@@ -91,10 +94,27 @@ CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_r
 }
 
 int multiprocessor_count() {
-  int device = 0, count = 0;
+  static std::mutex mutex;
+  static std::map<int, int> count_of_device;
+  int device = 0;
   FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [entry, added] = count_of_device.try_emplace(device, 0);
+  if (added)
+    FLASHLAB_CUDA_CHECK(
+        cudaDeviceGetAttribute(&entry->second, cudaDevAttrMultiProcessorCount, device));
+  return entry->second;
+}
+
+void allow_shared_memory(const void* kernel, int bytes) {
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> allowed;  // (kernel, device)
+  int device = 0;
+  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (allowed.emplace(kernel, device).second)
+    FLASHLAB_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 std::string unsupported_reason(const AttentionParams& params) {

@@ -1,8 +1,9 @@
 // fa3_wgmma_sm90: FlashAttention-3 style forward for Hopper (TMA, wgmma, warp
 // specialization; sm_90a only). The kernel, its tiling and limits:
 // fa3_wgmma_sm90_kernel.cuh. This file holds the registry descriptor, the
-// support check, the TMA tensor maps and the dispatch on head_dim; each head
-// dim is compiled in its own fa3_wgmma_sm90_hdim<D>.cu.
+// support check, the TMA tensor maps and the dispatch on head_dim, all driven
+// by fa3_wgmma_sm90::HeadDims (fa3_wgmma_sm90.h); each head dim is compiled in
+// its own generated fa3_wgmma_sm90_hdim<D>.cu.
 #include <cuda.h>
 
 #include <cstdint>
@@ -12,16 +13,13 @@
 #include <utility>
 #include <string>
 
-#include "fa3_wgmma_sm90_kernel.cuh"
+#include "flashlab/cuda_check.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 #include "flashlab/kernel_registry.h"
 
 namespace flashlab {
 namespace fa3_wgmma_sm90 {
 namespace {
-
-bool is_supported_head_dim(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
 
 // cuTensorMapEncodeTiled from the driver, found at run time so nothing links
 // libcuda directly.
@@ -121,8 +119,9 @@ std::string unsupported_reason(const AttentionParams& params) {
   if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16)
     return std::string("fa3_wgmma_sm90 supports float16 and bfloat16 inputs; got ") +
            data_type_name(params.dtype);
-  if (!is_supported_head_dim(params.head_dim))
-    return "fa3_wgmma_sm90 supports head_dim 64, 128, 256; got " + std::to_string(params.head_dim);
+  if (!HeadDims::contains(params.head_dim))
+    return "fa3_wgmma_sm90 supports head_dim " + HeadDims::text() + "; got " +
+           std::to_string(params.head_dim);
   if (params.kv_heads <= 0 || params.heads % params.kv_heads != 0)
     return "fa3_wgmma_sm90 needs heads to be a multiple of kv_heads; got " +
            std::to_string(params.heads) + "/" + std::to_string(params.kv_heads);
@@ -156,27 +155,21 @@ std::string unsupported_reason(const AttentionParams& params) {
 namespace {
 
 using fa3_wgmma_sm90::DefaultTraits;
+using fa3_wgmma_sm90::HeadDims;
 
 TileShape tile_shape(const AttentionParams& params) {
-  const auto shape = [](auto traits) {
-    using Tr = decltype(traits);
-    return TileShape{Tr::kBlockM, Tr::kBlockN};
-  };
-  switch (params.head_dim) {
-    case 64: return shape(DefaultTraits<64>::type{});
-    case 128: return shape(DefaultTraits<128>::type{});
-    case 256: return shape(DefaultTraits<256>::type{});
-    default: return TileShape{};
-  }
+  TileShape shape;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    using Tr = typename DefaultTraits<kHeadDim>::type;
+    shape = {Tr::kBlockM, Tr::kBlockN};
+  });
+  return shape;
 }
 
 void launch(const AttentionParams& params) {
-  switch (params.head_dim) {
-    case 64: return fa3_wgmma_sm90::run_head_dim<64>(params);
-    case 128: return fa3_wgmma_sm90::run_head_dim<128>(params);
-    case 256: return fa3_wgmma_sm90::run_head_dim<256>(params);
-    default: break;  // unsupported_reason rejects other head dims before launch
-  }
+  // unsupported_reason rejects other head dims before a launch.
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim,
+                           [&] { fa3_wgmma_sm90::launch<typename DefaultTraits<kHeadDim>::type>(params); });
 }
 
 }  // namespace
@@ -186,7 +179,8 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.name = "fa3_wgmma_sm90";
   variant.summary =
       "FlashAttention-3 style forward for Hopper (TMA, wgmma, producer/consumer warpgroups, "
-      "persistent grid), fp16/bf16, head_dim 64/128/256, causal/window, GQA, varlen; sm_90a only";
+      "persistent grid), fp16/bf16, head_dim " + HeadDims::text("/") +
+      ", causal/window, GQA, varlen; sm_90a only";
   variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = true;
   variant.key_tiles_descending = true;

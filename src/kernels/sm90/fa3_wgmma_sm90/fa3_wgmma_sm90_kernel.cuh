@@ -39,47 +39,17 @@
 
 #include <cstdint>
 
+#include "common/online_softmax.h"
+#include "common/ptx_sm80.h"  // fast_exp2, pack2
 #include "common/ptx_sm90.h"
 #include "common/sequence_view.h"
 #include "common/visible_keys.h"
 #include "common/wgmma_sm90_generated.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 
 namespace flashlab::fa3_wgmma_sm90 {
-
-template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2>
-struct Traits {
-  static constexpr int kHeadDim = HeadDim;
-  static constexpr int kConsumers = Consumers;  // consumer warpgroups, 64 query rows each
-  static constexpr int kBlockM = 64 * Consumers;
-  static constexpr int kBlockN = BlockN;
-  static constexpr int kStages = Stages;
-  static constexpr bool kPingpong = Pingpong;  // consumers take turns issuing GEMMs
-  static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
-  static constexpr int kQTileBytes = kBlockM * HeadDim * 2;
-  static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
-  // setmaxnreg moves registers within the CTA's launch allocation (65536 /
-  // threads, in steps of 8): what the producer gives up, the consumers share.
-  // Asking for more than that makes setmaxnreg.inc wait forever.
-  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters =
-      (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * Consumers) / 8 * 8;
-  // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
-  static constexpr int kSmemBytes =
-      kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
-
-  static_assert(HeadDim % 64 == 0, "head_dim must be whole 128-byte panels");
-  static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");
-};
-
-template <int HeadDim> struct DefaultTraits;
-template <> struct DefaultTraits<64> { using type = Traits<64, 128, 2, true, 3>; };
-template <> struct DefaultTraits<128> { using type = Traits<128, 128, 2>; };
-template <> struct DefaultTraits<256> { using type = Traits<256, 80, 2>; };
 
 // Everything the kernel reads, passed by value as a __grid_constant__ so the
 // tensor maps live in parameter space (TMA reads them from there).
@@ -122,22 +92,8 @@ __device__ __forceinline__ KeyTiles key_tiles(const AttentionParams& p, const Se
   return {keys.first / Tr::kBlockN, keys.last / Tr::kBlockN};
 }
 
-template <typename Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using sm80::fast_exp2;
+using sm80::pack2;
 
 // Trace: the tile-trace build (a separate instantiation, never the timed one)
 // also writes each row's running max and sum after every key tile.
@@ -241,6 +197,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t k_address = sm90::smem_address(k_smem);
   const uint32_t v_address = sm90::smem_address(v_smem);
   const float scale_log2 = p.softmax_scale * kLog2e;
+  const auto exp2 = [](float x) { return fast_exp2(x); };
 
   // Consumer 0 takes the first GEMM turn; every turn after is passed on in a ring.
   if (Tr::kPingpong && consumer == Tr::kConsumers - 1) sm90::named_barrier_arrive(1, 256);
@@ -326,17 +283,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          // Nothing visible yet: subtract 0 so exp2(-inf) gives 0, not NaN.
-          const float max_scaled = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
-          correction[h] = fast_exp2(row_max[h] * scale_log2 - max_scaled);
-          row_max[h] = tile_max;
+          float offset;
+          correction[h] = online_softmax_rescale(row_max[h], tile_max, scale_log2, offset, exp2);
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& value = acc_s[n * 4 + h * 2 + e];
-              value = fast_exp2(fmaf(value, scale_log2, -max_scaled));
+              value = softmax_probability(value, scale_log2, offset, exp2);
               sum += value;
             }
           row_sum[h] = row_sum[h] * correction[h] + sum;
@@ -448,13 +403,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       float sum = row_sum[h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const bool any_visible = sum > 0.f;
-      const float inv_sum = any_visible ? 1.f / sum : 0.f;
+      const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
+      const float inv_sum = result.inverse_sum;
       const int row = q0 + warp_row0 + group + h * 8;
       if (row < view.seqlen_q) {
         if (p.lse != nullptr && thread_in_group == 0)
           p.lse[work.batch * p.lse_batch_stride + work.head * p.lse_head_stride + view.lse_row0 +
-                row] = any_visible ? row_max[h] * p.softmax_scale + logf(sum) : -INFINITY;
+                row] = result.lse;
         Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
 #pragma unroll
         for (int n = 0; n < kD / 8; ++n)
@@ -467,15 +422,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 // ---------------------------------------------------------------------------
 // Host side.
-
-// A 4-D tensor map (head_dim, rows, heads, batch) over q, k or v with a box of
-// 64 elements x box_rows rows, 128-byte swizzle. Defined in fa3_wgmma_sm90.cu.
-enum class Operand { q, k, v };
-CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows);
-// Per device, asked once: the launch path stays short because the benchmark's
-// events time it too.
-int multiprocessor_count();
-void allow_shared_memory(const void* kernel, int bytes);
 
 template <class Tr, typename Element>
 void launch_forward(const AttentionParams& params) {
@@ -497,14 +443,8 @@ void launch_forward(const AttentionParams& params) {
 }
 
 template <class Tr>
-void launch_for_dtype(const AttentionParams& params) {
-  if (params.dtype == DataType::bfloat16)
-    launch_forward<Tr, __nv_bfloat16>(params);
-  else
-    launch_forward<Tr, __half>(params);
+void launch(const AttentionParams& params) {
+  FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] { launch_forward<Tr, Element>(params); });
 }
-
-template <int HeadDim>
-void run_head_dim(const AttentionParams& params);  // one fa3_wgmma_sm90_hdim<D>.cu each
 
 }  // namespace flashlab::fa3_wgmma_sm90

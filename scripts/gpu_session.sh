@@ -53,14 +53,16 @@ if has info; then
 fi
 
 if has trace; then
-  section "tile-state diff on the planted bug, then on fa1_scalar"
+  section "tile-state diff on the planted bug, then on the kernels that record tile states"
   build/release/flashlab-run --kernel fa1_scalar_planted_bug --batch 1 --heads 2 --kv-heads 1 \
     --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --repeat 0 2>&1 | tail -n 9
   build/release/flashlab-run --kernel fa1_scalar_planted_bug --batch 1 --heads 2 --kv-heads 1 \
     --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 6
   echo "exit code ${PIPESTATUS[0]}"
-  build/release/flashlab-run --kernel fa1_scalar --batch 1 --heads 2 --kv-heads 1 \
-    --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 3
+  for kernel in fa1_scalar fa3_wgmma_sm90; do
+    build/release/flashlab-run --kernel $kernel --batch 1 --heads 2 --kv-heads 1 \
+      --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 3
+  done
 fi
 
 if has memory; then

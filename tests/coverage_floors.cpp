@@ -14,7 +14,7 @@ const std::vector<CoverageFloor>& coverage_floors() {
   static const std::vector<CoverageFloor> floors = {
       {.kernel = "fa2_mma_sm80", .correctness = 192, .head_dims = 10, .sliding_window = 30, .varlen = 55, .large_scores = 24, .properties = 2, .sanitizer = 11},
       {.kernel = "fa3_wgmma_sm90", .correctness = 192, .head_dims = 6, .sliding_window = 30, .varlen = 54, .large_scores = 24, .properties = 2, .sanitizer = 8},
-      {.kernel = "fa1_scalar", .correctness = 288, .head_dims = 14, .sliding_window = 30, .varlen = 78, .large_scores = 24, .properties = 3, .sanitizer = 16},
+      {.kernel = "fa1_scalar", .correctness = 288, .head_dims = 14, .sliding_window = 30, .varlen = 78, .large_scores = 24, .properties = 3, .sanitizer = 10},
   };
   return floors;
 }

@@ -307,9 +307,12 @@ std::vector<KernelCase> sanitizer_cases(int compute_capability, const Kernels& k
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {
     std::vector<std::pair<at::ScalarType, int>> pairs;
+    // Head dims that are multiples of 32: every instantiation of today's kernels
+    // (fa1 pads other head dims up to 32/64/128); the rest would only repeat
+    // instrumented runs and push a tool past its 3-minute budget.
     for (const auto dtype : {at::kHalf, at::kBFloat16})
       for (const int head_dim : supported_head_dims(kernel, dtype, compute_capability))
-        pairs.emplace_back(dtype, head_dim);
+        if (head_dim % 32 == 0) pairs.emplace_back(dtype, head_dim);
     if (pairs.empty()) continue;
     const size_t count = std::max(pairs.size(), shapes.size());
     for (size_t index = 0; index < count; ++index) {

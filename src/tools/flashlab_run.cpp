@@ -185,6 +185,21 @@ int main(int argc, char** argv) {
     std::cerr << "flashlab-run: " << error.what() << " (see --help)\n";
     return kExitBadArguments;
   }
+  // A named kernel and what it takes are known without a device: say so before the GPU check.
+  if (arguments.spec.kernel != "auto") {
+    const flashlab::KernelVariant* kernel = flashlab::find_any_kernel(arguments.spec.kernel);
+    if (kernel == nullptr) {
+      std::cerr << "flashlab-run: unknown --kernel '" << arguments.spec.kernel
+                << "'; registered: " << flashlab::registered_kernel_names()
+                << " (developer kernels: --list-kernels)\n";
+      return kExitBadArguments;
+    }
+    const std::string reason = flashlab::unsupported_reason(*kernel, arguments.spec);
+    if (!reason.empty()) {
+      std::cerr << "flashlab-run: " << reason << "\n";
+      return kExitBadArguments;
+    }
+  }
   const std::string unavailable = flashlab::cuda_unavailable_reason();
   if (!unavailable.empty()) {
     std::cerr << "flashlab-run: cannot run: " << unavailable

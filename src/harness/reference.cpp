@@ -1,6 +1,7 @@
 #include "flashlab/harness/reference.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <limits>
 #include <vector>
@@ -27,14 +28,22 @@ at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, 
   return (key >= first_key) & (key <= last_key);
 }
 
-ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const ReferenceOptions& options) {
+namespace {
+
+// (B, H, Sq, Sk) scaled scores with invisible keys at -inf, and V as (B, H, Sk, D)
+// (GQA: each kv head serves heads / kv_heads query heads), from inputs already
+// in the compute dtype.
+struct MaskedScores {
+  at::Tensor scores, value;
+};
+MaskedScores masked_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const ReferenceOptions& options) {
   const int64_t heads = q.size(2), kv_heads = k.size(2);
   const int64_t seqlen_q = q.size(1), seqlen_k = k.size(1);
-  // (B, S, H, D) -> (B, H, S, D); GQA: each kv head serves heads / kv_heads query heads.
-  const at::Tensor query = q.to(options.compute_dtype).transpose(1, 2);
-  at::Tensor key = k.to(options.compute_dtype).transpose(1, 2);
-  at::Tensor value = v.to(options.compute_dtype).transpose(1, 2);
+  // (B, S, H, D) -> (B, H, S, D)
+  const at::Tensor query = q.transpose(1, 2);
+  at::Tensor key = k.transpose(1, 2);
+  at::Tensor value = v.transpose(1, 2);
   if (kv_heads != heads) {
     key = key.repeat_interleave(heads / kv_heads, 1);
     value = value.repeat_interleave(heads / kv_heads, 1);
@@ -43,12 +52,46 @@ ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, co
   const at::Tensor visible = visibility_mask(seqlen_q, seqlen_k, options.window_left,
                                              options.window_right, q.device());
   scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  return {scores, value};
+}
+
+}  // namespace
+
+ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const ReferenceOptions& options) {
+  const auto [scores, value] =
+      masked_scores(q.to(options.compute_dtype), k.to(options.compute_dtype),
+                    v.to(options.compute_dtype), options);
   const at::Tensor lse = at::logsumexp(scores, -1, /*keepdim=*/true);
   // exp(-inf - (-inf)) is NaN: rows that see no key get probability 0 instead.
   at::Tensor probabilities = at::exp(scores - lse);
   probabilities = at::where(at::isfinite(lse), probabilities, at::zeros_like(probabilities));
   const at::Tensor out = at::matmul(probabilities, value);
   return {out.transpose(1, 2).contiguous(), lse.squeeze(-1).contiguous()};
+}
+
+ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& dout,
+                                                const ReferenceOptions& options) {
+  const auto leaf = [&](const at::Tensor& tensor) {
+    return tensor.detach().to(options.compute_dtype).requires_grad_(true);
+  };
+  const at::Tensor query = leaf(q), key = leaf(k), value_input = leaf(v);
+  at::Tensor out;
+  {
+    const at::AutoGradMode enable_grad(true);
+    const auto [scores, value] = masked_scores(query, key, value_input, options);
+    // A row that sees no key would make softmax (and its gradient) NaN: give it
+    // zero scores, then zero its probabilities. Both masks are constants, so
+    // the gradient of such a row is exactly 0.
+    const at::Tensor sees_a_key = at::isfinite(scores).any(-1, /*keepdim=*/true);
+    const at::Tensor safe_scores = at::where(sees_a_key, scores, at::zeros_like(scores));
+    const at::Tensor probabilities = at::softmax(safe_scores, -1) * sees_a_key.to(scores.scalar_type());
+    out = at::matmul(probabilities, value).transpose(1, 2);
+  }
+  const auto gradients = torch::autograd::grad({out}, {query, key, value_input},
+                                               {dout.detach().to(options.compute_dtype)});
+  return {gradients[0], gradients[1], gradients[2]};
 }
 
 ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,

@@ -23,6 +23,19 @@ struct ReferenceOutput {
 ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const ReferenceOptions& options);
 
+struct ReferenceGradients {
+  at::Tensor dq, dk, dv;  // shapes of q, k, v; compute dtype
+};
+
+// dL/dq, dL/dk, dL/dv of reference_attention's output for the upstream gradient
+// dout (shape of q), by torch autograd in compute_dtype. GQA: dk and dv sum
+// over each kv head's query heads. Rows that see no key have gradient 0, never
+// NaN. The backward pass's reference (flash-attn's tests hold gradients to 3x
+// the error of torch's same-precision path against it).
+ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& dout,
+                                                const ReferenceOptions& options);
+
 // Variable-length batch (packed tokens, see attention_varlen_forward): calls
 // reference_attention once per sequence. q: (total_q, H, D); k, v: (total_k,
 // Hkv, D); cu_seqlens_q/k: int32 prefix sums of length batch + 1 on any device.

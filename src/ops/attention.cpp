@@ -83,16 +83,20 @@ void check_same_device(const at::Tensor& q, const at::Tensor& k, const at::Tenso
               ", v on ", v.device());
 }
 
-void check_output_buffers(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse) {
+// out like q (dtype, shape, contiguous last dimension); lse a contiguous
+// float32 tensor of lse_shape, which lse_layout names for the message; both on
+// q's device.
+void check_output_buffers(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
+                          const std::vector<int64_t>& lse_shape, const char* lse_layout) {
+  TORCH_CHECK(out.defined() && lse.defined(), "out and lse must be defined tensors");
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
               "out must match q in shape and dtype; got out ", shape_text(out), " ",
               out.scalar_type(), ", q ", shape_text(q), " ", q.scalar_type());
-  TORCH_CHECK(out.stride(3) == 1, "out must have a contiguous last dimension; got strides ",
+  TORCH_CHECK(out.stride(-1) == 1, "out must have a contiguous last dimension; got strides ",
               out.strides());
-  const std::vector<int64_t> lse_shape = {q.size(0), q.size(2), q.size(1)};
   TORCH_CHECK(lse.sizes() == at::IntArrayRef(lse_shape) && lse.scalar_type() == at::kFloat &&
                   lse.is_contiguous(),
-              "lse must be a contiguous float32 tensor of shape (batch, heads, seqlen_q) = ",
+              "lse must be a contiguous float32 tensor of shape ", lse_layout, " = ",
               at::IntArrayRef(lse_shape), "; got ", shape_text(lse), " ", lse.scalar_type());
   TORCH_CHECK(out.device() == q.device() && lse.device() == q.device(),
               "out and lse must be on q's device ", q.device(), "; got ", out.device(), " and ",
@@ -172,24 +176,6 @@ void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Ten
                           max_seqlen_q);
   check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.size(0), "k", "max_seqlen_k",
                           max_seqlen_k);
-}
-
-void check_varlen_output_buffers(const at::Tensor& q, const at::Tensor& out,
-                                 const at::Tensor& lse) {
-  TORCH_CHECK(out.defined() && lse.defined(), "out and lse must be defined tensors");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
-              "out must match q in shape and dtype; got out ", shape_text(out), " ",
-              out.scalar_type(), ", q ", shape_text(q), " ", q.scalar_type());
-  TORCH_CHECK(out.stride(2) == 1, "out must have a contiguous last dimension; got strides ",
-              out.strides());
-  const std::vector<int64_t> lse_shape = {q.size(1), q.size(0)};
-  TORCH_CHECK(lse.sizes() == at::IntArrayRef(lse_shape) && lse.scalar_type() == at::kFloat &&
-                  lse.is_contiguous(),
-              "lse must be a contiguous float32 tensor of shape (heads, total_q) = ",
-              at::IntArrayRef(lse_shape), "; got ", shape_text(lse), " ", lse.scalar_type());
-  TORCH_CHECK(out.device() == q.device() && lse.device() == q.device(),
-              "out and lse must be on q's device ", q.device(), "; got ", out.device(), " and ",
-              lse.device());
 }
 
 int device_compute_capability(const at::Tensor& q) {
@@ -304,7 +290,7 @@ void attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& out, const at::Tensor& lse,
                             const AttentionOptions& options) {
   const KernelVariant& kernel = select_kernel(q, k, v, options);
-  check_output_buffers(q, out, lse);
+  check_output_buffers(q, out, lse, {q.size(0), q.size(2), q.size(1)}, "(batch, heads, seqlen_q)");
   TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
   const c10::cuda::CUDAGuard device_guard(q.device());
   launch_checked(kernel, make_params(q, k, v, out, lse, options));
@@ -353,7 +339,7 @@ void attention_varlen_forward_into(const at::Tensor& q, const at::Tensor& k, con
                                    const at::Tensor& lse, const AttentionOptions& options) {
   const KernelVariant& kernel = select_varlen_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                                      max_seqlen_q, max_seqlen_k, options);
-  check_varlen_output_buffers(q, out, lse);
+  check_output_buffers(q, out, lse, {q.size(1), q.size(0)}, "(heads, total_q)");
   TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
   const c10::cuda::CUDAGuard device_guard(q.device());
   // max_seqlen_q 0 (every sequence empty) launches nothing.

@@ -22,6 +22,9 @@
 
 namespace flashlab {
 
+// log2(e): kernels that exponentiate with ex2 scale raw scores by softmax_scale * kLog2e.
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // What the exponent subtracts for a row whose max is row_max: scale * row_max,
 // or 0 while nothing is visible (row_max -inf), so that masked scores give
 // exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.

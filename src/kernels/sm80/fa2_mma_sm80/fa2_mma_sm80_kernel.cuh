@@ -90,7 +90,6 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
   constexpr int kOTiles = kD / 8;    // n8 tiles of O per m16 slab
   constexpr int kDSteps = kD / 16;   // k16 steps of Q K^T
   constexpr int kKSteps = kBK / 16;  // k16 steps of P V
-  constexpr float kLog2e = 1.4426950408889634f;
 
   extern __shared__ __align__(16) unsigned char smem[];
   Element* q_smem = reinterpret_cast<Element*>(smem);

@@ -104,7 +104,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kBM = Tr::kBlockM;
   constexpr int kBN = Tr::kBlockN;
   constexpr int kStages = Tr::kStages;
-  constexpr float kLog2e = 1.4426950408889634f;
   const AttentionParams& p = args.params;
 
   extern __shared__ unsigned char smem_raw[];

@@ -84,4 +84,73 @@ AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, con
                                    int max_seqlen_q, int max_seqlen_k, const at::Tensor& out,
                                    const at::Tensor& lse, const AttentionOptions& options);
 
+// ---------------------------------------------------------------------------
+// The backward pass. dout, q, k, v, out and lse as the forward saw and returned
+// them (out, lse from attention_forward with the same options); returns dq, dk,
+// dv in the input dtype with the shapes of q, k, v. GQA/MQA: dk and dv sum over
+// each kv head's query heads. The kernel's workspace (the float32 dq
+// accumulator, rowsum(dout * out)) comes from its backward_workspace_bytes and
+// torch's caching allocator. options.kernel "auto": the first registered kernel
+// with a backward that takes the problem.
+struct BackwardOptions : AttentionOptions {
+  // dq, dk, dv bitwise equal run to run (no float atomics in a run-dependent order).
+  bool deterministic = false;
+};
+
+struct AttentionGradients {
+  at::Tensor dq, dk, dv;  // like q, k, v
+};
+
+AttentionGradients attention_backward(const at::Tensor& dout, const at::Tensor& q,
+                                      const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& out, const at::Tensor& lse,
+                                      const BackwardOptions& options = {});
+
+// Writes into caller-provided dq, dk, dv (shapes and dtype of q, k, v; last
+// dimension contiguous; the tests poison them first).
+void attention_backward_into(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                             const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                             const BackwardOptions& options = {});
+
+// Variable-length twin: packed (total, heads, head_dim) tensors and lse
+// (heads, total_q), as attention_varlen_forward takes and returns them.
+AttentionGradients attention_varlen_backward(const at::Tensor& dout, const at::Tensor& q,
+                                             const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& out, const at::Tensor& lse,
+                                             const at::Tensor& cu_seqlens_q,
+                                             const at::Tensor& cu_seqlens_k, int max_seqlen_q,
+                                             int max_seqlen_k, const BackwardOptions& options = {});
+void attention_varlen_backward_into(const at::Tensor& dout, const at::Tensor& q,
+                                    const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& out, const at::Tensor& lse,
+                                    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                    int max_seqlen_q, int max_seqlen_k, const at::Tensor& dq,
+                                    const at::Tensor& dk, const at::Tensor& dv,
+                                    const BackwardOptions& options = {});
+
+// The kernel whose backward would run this problem (options.kernel, or "auto":
+// the first registered kernel with a backward that takes it). Throws c10::Error
+// with the reason otherwise.
+const KernelVariant& select_backward_kernel(const AttentionBackwardParams& params,
+                                            const std::string& kernel_name);
+
+// The parameter blocks (no launch, no device access). dq/dk/dv may be undefined
+// (no gradient pointers: enough to ask a kernel whether it takes the problem).
+AttentionBackwardParams make_backward_params(const at::Tensor& dout, const at::Tensor& q,
+                                             const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& out, const at::Tensor& lse,
+                                             const at::Tensor& dq, const at::Tensor& dk,
+                                             const at::Tensor& dv, const BackwardOptions& options);
+AttentionBackwardParams make_varlen_backward_params(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, const at::Tensor& dq,
+    const at::Tensor& dk, const at::Tensor& dv, const BackwardOptions& options);
+
+// run_kernel's twin: checks kernel.backward_unsupported_reason and the device,
+// allocates kernel.backward_workspace_bytes(params) into params.workspace, and
+// calls kernel.backward_launch on params.stream (or the current stream).
+void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardParams& params);
+
 }  // namespace flashlab

@@ -97,6 +97,9 @@ struct AttentionBackwardParams : AttentionParams {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
+  // softmax_d and dq_accum live in params.workspace: the kernel's backward
+  // launch sets these two on its own copy of the block (the op library leaves
+  // them null).
   // rowsum(dout * out) per (batch, head, row), float32, laid out like lse
   // (lse_batch_stride, lse_head_stride and the varlen row offset).
   float* softmax_d = nullptr;

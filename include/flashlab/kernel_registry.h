@@ -65,7 +65,11 @@ struct KernelVariant {
   // Enqueues the kernel on params.stream. Checks its own launch error.
   void (*launch)(const AttentionParams& params) = nullptr;
 
-  // The backward pass, when the kernel has one (none does yet: all nullptr).
+  // The backward pass, when the kernel has one (nullptr: none). The workspace
+  // (backward_workspace_bytes, allocated by the op library into
+  // params.workspace) holds what the kernel needs beyond dq/dk/dv: the launch
+  // carves softmax_d and dq_accum out of it on its own copy of the block and
+  // zeroes what must start at zero. Checks its own launch errors.
   std::string (*backward_unsupported_reason)(const AttentionBackwardParams& params) = nullptr;
   size_t (*backward_workspace_bytes)(const AttentionBackwardParams& params) = nullptr;
   void (*backward_launch)(const AttentionBackwardParams& params) = nullptr;

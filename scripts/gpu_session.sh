@@ -2,7 +2,7 @@
 # One call on a GPU machine: set-up, configure + build (release), the test
 # suite, the acceptance run and a benchmark, with logs under $OUT (or ./gpu-logs).
 # Usage: scripts/gpu_session.sh [step...]
-#   steps: build test run info trace memory sanitizer debug bench sweep (default: all of them)
+#   steps: build test run info trace memory sanitizer debug ncu bench sweep (default: all but ncu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -88,6 +88,29 @@ if has debug; then
   ctest --preset debug -L debug -V --timeout 600 > "$out/debug.log" 2>&1 || status=1
   sed 's/^[0-9]*: //' "$out/debug.log" | grep -vE "^(UpdateCTest|Test project|Constructing|Checking|Parse|Add file|Updating|Test command|Working Directory|Environment|Test timeout|test [0-9])" | tail -n 30
   echo "debug: $(( $(date +%s) - start )) s"
+fi
+
+if has ncu; then
+  section "ncu: fa3_wgmma_sm90 and fa2_mma_sm80 at head_dim 128, 4 x 16 heads x 4096, bf16"
+  # One timed launch of each kernel (the third, after warm-up), clocks left alone
+  # (METHOD.md). Tensor pipe: wgmma (gmma) for fa3, mma.sync (hmma) for fa2.
+  metrics=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+  metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  metrics+=,sm__inst_executed_pipe_tensor_op_gmma.sum,launch__registers_per_thread,launch__occupancy_limit_registers
+  metrics+=,sm__sass_inst_executed_op_local_ld.sum,sm__sass_inst_executed_op_local_st.sum
+  metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
+  for spec in "fa3_wgmma_sm90 fa3_forward_kernel" "fa3_wgmma_sm90 fa3_forward_kernel --causal" \
+              "fa2_mma_sm80 fa2_forward_kernel"; do
+    set -- $spec
+    kernel=$1 name=$2; shift 2
+    echo "--- $kernel $*"
+    timeout 300 ncu --clock-control none --kernel-name "regex:$name" --launch-skip 2 --launch-count 1 \
+      --metrics "$metrics" --section WarpStateStats --print-details all \
+      build/release/flashlab-run --kernel $kernel --batch 4 --heads 16 --seqlen-q 4096 --seqlen-k 4096 \
+      --head-dim 128 --dtype bf16 --seed 11 --repeat 5 "$@" > "$out/ncu_${kernel}$*.log" 2>&1 || status=1
+    grep -E "^ +(gpu__time|sm__pipe|sm__inst|launch__reg|launch__occ|sm__sass|dram__|sm__thr|Stall|Warp Cycles|Avg\.|Active)|smsp__pcsamp|stall" \
+      "$out/ncu_${kernel}$*.log" | head -n 40
+  done
 fi
 
 if has bench; then

@@ -168,18 +168,22 @@ __global__ void __launch_bounds__(kBlockQ)
     float offset;
     const float rescale =
         online_softmax_rescale(running_max, fmaxf(running_max, tile_max), 1.f, offset, exp_natural);
-    float tile_sum = 0.f;
+    // A row that has seen no visible key yet (out of range, above a causal
+    // diagonal) adds nothing: skip its P.V loop, the bulk of the work.
+    if (running_max != -INFINITY) {
+      float tile_sum = 0.f;
 #pragma unroll
-    for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
+      for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
 #pragma unroll 1
-    for (int j = 0; j < kBlockK; ++j) {
-      const float probability = softmax_probability(my_scores[j], 1.f, offset, exp_natural);
-      tile_sum += probability;
+      for (int j = 0; j < kBlockK; ++j) {
+        const float probability = softmax_probability(my_scores[j], 1.f, offset, exp_natural);
+        tile_sum += probability;
 #pragma unroll
-      for (int c = 0; c < kHeadDimPadded; ++c)
-        accumulator[c] += probability * v_tile[j * kHeadDimPadded + c];
+        for (int c = 0; c < kHeadDimPadded; ++c)
+          accumulator[c] += probability * v_tile[j * kHeadDimPadded + c];
+      }
+      running_sum = running_sum * rescale + tile_sum;
     }
-    running_sum = running_sum * rescale + tile_sum;
 
     // cuda-gdb: the online-softmax state of this row after key_tile (tests/debug uses this line).
     if (params.trace.enabled() && row_in_range) {

@@ -300,11 +300,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             const int row = q0 + warp_row0 + group + h * 8;
             if (thread_in_group == 0 && row < view.seqlen_q) {
-              // cuda-gdb: the online-softmax state of this row after `tile`.
+              // Plain locals, so a cuda-gdb condition can name them.
+              const int batch = work.batch, head = work.head;
+              const float running_max = row_max[h] * p.softmax_scale;  // natural-log units
+              // cuda-gdb: the online-softmax state of this row after `tile` (tests/debug uses this line).
               const int64_t index =
-                  ((static_cast<int64_t>(work.batch) * p.heads + work.head) * p.seqlen_q + row) *
+                  ((static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q + row) *
                       p.trace.num_key_tiles + tile;
-              p.trace.row_max[index] = row_max[h] * p.softmax_scale;
+              p.trace.row_max[index] = running_max;
               p.trace.row_sum[index] = sum;
             }
           }

@@ -1,6 +1,7 @@
 #include "flashlab/harness/reference.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <limits>
@@ -79,7 +80,7 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
   const at::Tensor query = leaf(q), key = leaf(k), value_input = leaf(v);
   at::Tensor out;
   {
-    const at::AutoGradMode enable_grad(true);
+    const c10::AutoGradMode enable_grad(true);
     const auto [scores, value] = masked_scores(query, key, value_input, options);
     // A row that sees no key would make softmax (and its gradient) NaN: give it
     // zero scores, then zero its probabilities. Both masks are constants, so

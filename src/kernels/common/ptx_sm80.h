@@ -1,5 +1,6 @@
 // PTX wrappers for sm_80-class kernels: cp.async, ldmatrix, mma.sync m16n8k16,
-// ex2.approx and 16-bit packing. All of them are valid on sm_80 and later
+// a warp-level GEMM from shared memory, ex2.approx, 16-bit packing and float
+// reductions to global memory. All of them are valid on sm_80 and later
 // (sm_90a included), so Hopper kernels may use them too.
 #pragma once
 
@@ -75,6 +76,65 @@ __device__ __forceinline__ void mma_b_block(float (&acc)[kMT][kNTiles][4], int n
   }
 }
 
+// ---------------------------------------------------------------------------
+// ldmatrix.x4 lane addressing. One x4 load reads four 8x8 matrices of 16-bit
+// elements; lane l gives the address of row (l % 8) of matrix (l / 8). Without
+// .trans thread t receives (row t/4, columns 2(t%4), 2(t%4)+1) of each matrix,
+// with .trans (rows 2(t%4), 2(t%4)+1, column t/4). For a 16x16 block of a
+// row-major shared tile (`stride` elements per row), two lane patterns feed
+// every operand of mma m16n8k16 (a0..a3 = A rows 0-7/8-15 x k 0-7/8-15 in the
+// order (0-7,0-7), (8-15,0-7), (0-7,8-15), (8-15,8-15); a B pair = b0, b1 of
+// n-tile 0 then b0, b1 of n-tile 1, which is what mma_b_block expects):
+//
+// ldmatrix_offset_rows16: lanes 0-15 rows 0-15 at column 0, lanes 16-31 rows
+//   0-15 at column 8; matrices (r0-7, c0-7), (r8-15, c0-7), (r0-7, c8-15), (r8-15, c8-15).
+//   - the A operand from [m][k] storage with ldmatrix (Q, dO, dS as A);
+//   - a B pair from [k][n] storage with ldmatrix.trans (V, dO, Q, K as B).
+// ldmatrix_offset_pairs: matrices (r0-7, c0-7), (r0-7, c8-15), (r8-15, c0-7), (r8-15, c8-15).
+//   - a B pair from [n][k] storage with ldmatrix (K, V as B of Q K^T, dO V^T);
+//   - the A operand from [k][m] storage with ldmatrix.trans (P^T, dS^T as A):
+//     a1 = A(m 8-15, k 0-7) is stored at (k 0-7, m 8-15) = matrix (r0-7, c8-15).
+// Element offsets; multiply by the element size for byte addresses.
+__device__ __forceinline__ int ldmatrix_offset_rows16(int lane, int stride) {
+  return (lane & 15) * stride + (lane >> 4) * 8;
+}
+__device__ __forceinline__ int ldmatrix_offset_pairs(int lane, int stride) {
+  return ((lane & 7) + ((lane >> 4) << 3)) * stride + ((lane >> 3) & 1) * 8;
+}
+
+// acc[kMT][kNT][4] += A * B for one warp, both operands in shared memory
+// (16-bit elements, rows kAStride / kBStride elements apart), kKSteps steps of
+// k16. A is kMT*16 x kKSteps*16, B is kKSteps*16 x kNT*8; the accumulator
+// tile (mt, n) covers rows mt*16.. and columns n*8.. (mma C layout: c0, c1 at
+// row lane/4, columns 2(lane%4)+{0,1}; c2, c3 eight rows lower).
+//   kATransposed false: A stored [m][k]; a_lane = tile origin + ldmatrix_offset_rows16.
+//   kATransposed true:  A stored [k][m] (A^T row-major); a_lane = origin + ldmatrix_offset_pairs.
+//   kBTransposed false: B stored [n][k]; b_lane = origin + ldmatrix_offset_pairs.
+//   kBTransposed true:  B stored [k][n]; b_lane = origin + ldmatrix_offset_rows16.
+// (a_lane, b_lane: shared-memory byte addresses, lane offsets included.)
+template <typename Element, bool kATransposed, bool kBTransposed, int kKSteps, int kAStride,
+          int kBStride, int kMT, int kNT>
+__device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMT][kNT][4], uint32_t a_lane,
+                                               uint32_t b_lane) {
+  static_assert(kNT % 2 == 0, "B is read in 16-column blocks (pairs of n8 tiles)");
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    uint32_t a[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if constexpr (kATransposed)
+        ldmatrix_x4_trans(a[mt], a_lane + (ks * 16 * kAStride + mt * 16) * 2);
+      else
+        ldmatrix_x4(a[mt], a_lane + (mt * 16 * kAStride + ks * 16) * 2);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kNT / 2; ++nb) {
+      const int b_offset = kBTransposed ? ks * 16 * kBStride + nb * 16 : nb * 16 * kBStride + ks * 16;
+      mma_b_block<Element, kBTransposed>(acc, nb, a, b_lane + b_offset * 2);
+    }
+  }
+}
+
 // 2^x with the hardware approximation (exp2f without fast-math adds range
 // fix-ups); ex2.approx(-inf) = +0, which masking relies on.
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -93,6 +153,30 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+}
+
+// One register holding two 16-bit values -> two floats (x = low).
+template <typename Element>
+__device__ __forceinline__ float2 unpack2(uint32_t packed) {
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  }
+}
+
+// address[0] += a, address[1] += b in global memory, no result returned
+// (red.global.add: relaxed, gpu scope). One 8-byte vector reduction on sm_90
+// and newer, two scalar ones before; address 8-byte aligned. Reductions of one
+// thread to one address take effect in program order.
+__device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b)
+               : "memory");
+#else
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address + 1), "f"(b) : "memory");
+#endif
 }
 
 }  // namespace flashlab::sm80

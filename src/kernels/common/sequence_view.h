@@ -45,4 +45,34 @@ FLASHLAB_HOST_DEVICE inline SequenceView sequence_view(const AttentionParams& p,
   return view;
 }
 
+// The backward pass's tensors follow the same rule: dout and dq rows like q
+// (cu_seqlens_q), dk and dv rows like k (cu_seqlens_k), the float32 dq
+// accumulator like q with its own strides; softmax_d like the LSE (lse_row0).
+struct BackwardSequenceView : SequenceView {
+  int64_t dout_offset = 0, dq_offset = 0, dk_offset = 0, dv_offset = 0, dq_accum_offset = 0;
+};
+
+FLASHLAB_HOST_DEVICE inline BackwardSequenceView backward_sequence_view(
+    const AttentionBackwardParams& p, int batch) {
+  BackwardSequenceView view;
+  static_cast<SequenceView&>(view) = sequence_view(p, batch);
+  if (p.cu_seqlens_q != nullptr) {
+    view.dout_offset = view.q_row0 * p.dout_row_stride;
+    view.dq_offset = view.q_row0 * p.dq_row_stride;
+    view.dq_accum_offset = view.q_row0 * p.dq_accum_row_stride;
+  } else {
+    view.dout_offset = batch * p.dout_batch_stride;
+    view.dq_offset = batch * p.dq_batch_stride;
+    view.dq_accum_offset = batch * p.dq_accum_batch_stride;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    view.dk_offset = view.k_row0 * p.dk_row_stride;
+    view.dv_offset = view.k_row0 * p.dv_row_stride;
+  } else {
+    view.dk_offset = batch * p.dk_batch_stride;
+    view.dv_offset = batch * p.dv_batch_stride;
+  }
+  return view;
+}
+
 }  // namespace flashlab

@@ -14,7 +14,8 @@
 
 namespace flashlab {
 
-// Keys [first, last] (inclusive); empty when last < first.
+// Keys [first, last] (inclusive); empty when last < first. (visible_rows_of_keys
+// returns an interval of query rows in the same type.)
 struct KeyRange {
   int first = 0;
   int last = -1;
@@ -45,6 +46,28 @@ FLASHLAB_HOST_DEVICE inline KeyRange visible_keys_of_rows(int row_first, int row
   if (range.first < 0) range.first = 0;
   if (range.last > seqlen_k - 1) range.last = seqlen_k - 1;
   return range;
+}
+
+// The other way round, for kernels that walk query rows per key block (the
+// backward): the rows that see at least one of keys [key_first, key_last]
+// (0 <= key_first <= key_last < seqlen_k), as an interval of rows within
+// [0, seqlen_q); empty when no row does. Row i sees key j iff
+//   j >= i + seqlen_k - seqlen_q - window_left  (window_left >= 0)  and
+//   j <= i + seqlen_k - seqlen_q + window_right (window_right >= 0),
+// so some key of the block is seen iff i + (seqlen_k - seqlen_q) + window_right >= key_first
+// and i + (seqlen_k - seqlen_q) - window_left <= key_last (the per-row range
+// clipped to [0, seqlen_k) stays non-empty then, since key_first >= 0 and
+// key_last < seqlen_k). Same rule as visible_keys, row by row.
+FLASHLAB_HOST_DEVICE inline KeyRange visible_rows_of_keys(int key_first, int key_last, int seqlen_q,
+                                                          int seqlen_k, int window_left,
+                                                          int window_right) {
+  const int offset = seqlen_k - seqlen_q;
+  KeyRange rows{0, seqlen_q - 1};
+  if (window_right >= 0 && key_first - offset - window_right > rows.first)
+    rows.first = key_first - offset - window_right;
+  if (window_left >= 0 && key_last - offset + window_left < rows.last)
+    rows.last = key_last - offset + window_left;
+  return rows;
 }
 
 // True when every row of [row_first, row_last] sees every key of

@@ -11,8 +11,10 @@
 #   an INTERFACE library, so linking it costs nothing.
 #
 # flashlab_generate_instantiations(out_var dir): for each <dir>/<folder>/<stem>.cu.in,
-#   one <stem>_<value>.cu per value of the folder's list, generated into the build
-#   tree with @HEAD_DIM@ replaced. The list is the one the kernel's C++ uses: the
+#   one <stem><value>.cu per value of the folder's list, generated into the build
+#   tree with @HEAD_DIM@ replaced. A folder may hold several templates (the
+#   forward's <kernel>_hdim.cu.in, the backward's <kernel>_bwd_hdim.cu.in); all
+#   of them follow the folder's one list. The list is the one the kernel's C++ uses: the
 #   line of <folder>/<kernel>.h that reads
 #     using HeadDims = HeadDimList<32, 64, ...>;
 #   so adding a head dim is one edit of that line (CMake re-runs when it changes).

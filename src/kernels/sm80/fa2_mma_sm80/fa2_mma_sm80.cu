@@ -1,22 +1,29 @@
-// fa2_mma_sm80: the FlashAttention-2 forward pass on tensor cores with sm_80
-// instructions (mma.sync m16n8k16 + ldmatrix + cp.async; runs on sm_80 and newer).
+// fa2_mma_sm80: the FlashAttention-2 forward and backward passes on tensor cores
+// with sm_80 instructions (mma.sync m16n8k16 + ldmatrix + cp.async; runs on
+// sm_80 and newer).
 //
-// This file holds the registry descriptor, the support check and the dispatch
-// on head_dim, all driven by fa2_mma_sm80::HeadDims (fa2_mma_sm80.h); it
-// compiles no kernel. The kernel template is fa2_mma_sm80_kernel.cuh; each head
-// dim is instantiated in its own generated fa2_mma_sm80_hdim<D>.cu.
+// This file holds the registry descriptor, the support checks, the backward's
+// workspace layout and the dispatch on head_dim, all driven by
+// fa2_mma_sm80::HeadDims (fa2_mma_sm80.h); it compiles no kernel. The kernel
+// templates are fa2_mma_sm80_kernel.cuh (forward) and
+// fa2_mma_sm80_bwd_kernel.cuh (backward: algorithm, tiling, deterministic
+// mode); each head dim is instantiated in its own generated
+// fa2_mma_sm80_hdim<D>.cu and fa2_mma_sm80_bwd_hdim<D>.cu.
 //
 // Tiling: DefaultTraits<D> in fa2_mma_sm80.h: block_q 128 with 4 warps (two m16
 // row slabs per warp) and block_k 64 (128 for D = 64) up to D = 128; block_q 64
 // with 4 warps (one slab each) and block_k 32 above; K/V double-buffered with
 // cp.async. Alternative tilings (tuning only, flashlab-bench --sweep) are in
-// src/kernels/dev/fa2_mma_sm80_tuning.
+// src/kernels/dev/fa2_mma_sm80_tuning. Backward: DefaultBwdTraits<D>, one block
+// per 128 keys (64 above D = 128) walking 64-row query blocks, 8 warps.
 //
 // Limits: fp16 / bf16; head_dim in HeadDims (32, 64, 96, 128, 256); 16-byte
-// aligned base pointers and strides that are multiples of 8 elements; no tile
-// tracing.
+// aligned base pointers and strides that are multiples of 8 elements (dout, dq,
+// dk, dv too); no tile tracing. The backward needs 74-153 KB of shared memory
+// per block (refused on compute capabilities that offer less, e.g. 8.6).
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "flashlab/kernel_registry.h"
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
@@ -60,7 +67,133 @@ std::string fa2_mma_sm80::unsupported_reason(const AttentionParams& params) {
   return {};
 }
 
+// ---------------------------------------------------------------------------
+// The backward pass (fa2_mma_sm80_bwd_kernel.cuh).
+
 namespace {
+
+// Largest dynamic shared memory a block may opt into, in KB, by compute
+// capability; 0 when not known here (the launch then finds out).
+int max_block_shared_kb(int compute_capability) {
+  switch (compute_capability) {
+    case 80: case 87: return 163;
+    case 86: case 89: case 120: case 121: return 99;
+    case 90: case 100: case 103: return 227;
+    default: return 0;
+  }
+}
+
+int backward_block_n(int head_dim) {
+  int block_n = 0;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim,
+                           [&] { block_n = fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type::kBlockN; });
+  return block_n;
+}
+
+// Thread blocks the deterministic mode aims for (two per SM of a 132-SM H100).
+// A constant rather than the device's SM count, so that the dq summation order
+// depends on the problem alone.
+constexpr int64_t kDeterministicBlocks = 264;
+
+}  // namespace
+
+std::string fa2_mma_sm80::backward_unsupported_reason(const AttentionBackwardParams& params) {
+  std::string reason = unsupported_reason(params);  // dtype, head_dim, GQA, grid, q/k/v/out
+  if (!reason.empty()) return reason;
+  if (params.lse == nullptr) return "fa2_mma_sm80's backward needs the forward's lse; got none";
+  // dq, dk, dv may be absent when a caller only asks whether the problem is taken.
+  const std::pair<const char*, const void*> pointers[] = {
+      {"dout", params.dout}, {"dq", params.dq}, {"dk", params.dk}, {"dv", params.dv}};
+  for (const auto& [name, pointer] : pointers) {
+    const auto misalignment = reinterpret_cast<std::uintptr_t>(pointer) % 16;
+    if (misalignment != 0)
+      return std::string("fa2_mma_sm80's backward needs dout, dq, dk and dv to start on 16-byte "
+                         "boundaries; ") +
+             name + " starts " + std::to_string(misalignment) + " bytes past one";
+  }
+  const bool varlen_q = params.cu_seqlens_q != nullptr, varlen_k = params.cu_seqlens_k != nullptr;
+  const std::pair<const char*, int64_t> strides[] = {
+      {"dout batch", varlen_q ? 0 : params.dout_batch_stride},
+      {"dout row", params.dout_row_stride},
+      {"dout head", params.dout_head_stride},
+      {"dq batch", varlen_q ? 0 : params.dq_batch_stride},
+      {"dq row", params.dq_row_stride},
+      {"dq head", params.dq_head_stride},
+      {"dk batch", varlen_k ? 0 : params.dk_batch_stride},
+      {"dk row", params.dk_row_stride},
+      {"dk head", params.dk_head_stride},
+      {"dv batch", varlen_k ? 0 : params.dv_batch_stride},
+      {"dv row", params.dv_row_stride},
+      {"dv head", params.dv_head_stride}};
+  for (const auto& [name, stride] : strides)
+    if (stride % 8 != 0)
+      return std::string("fa2_mma_sm80's backward needs batch, row and head strides of dout, dq, "
+                         "dk and dv that are multiples of 8 elements (16 bytes); the ") +
+             name + " stride is " + std::to_string(stride);
+  int smem_bytes = 0;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    smem_bytes = fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type::kSmemBytes;
+  });
+  const int limit_kb = max_block_shared_kb(params.device_compute_capability);
+  if (limit_kb > 0 && smem_bytes > limit_kb * 1024)
+    return "fa2_mma_sm80's backward at head_dim " + std::to_string(params.head_dim) + " needs " +
+           std::to_string((smem_bytes + 1023) / 1024) +
+           " KB of shared memory per block; compute capability " +
+           compute_capability_text(params.device_compute_capability) + " allows " +
+           std::to_string(limit_kb) + " KB";
+  return {};
+}
+
+fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
+    const AttentionBackwardParams& params, int block_n) {
+  BackwardWorkspace workspace;
+  const bool varlen = params.is_varlen();
+  // Query rows of the whole batch (packed for variable-length batches).
+  const int64_t rows = varlen ? params.total_rows_q
+                              : static_cast<int64_t>(params.batch) * params.seqlen_q;
+  if (params.batch <= 0 || params.heads <= 0 || rows <= 0) return workspace;
+  const auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+
+  // softmax_d: the LSE's extent (its strides, its rows).
+  const int64_t lse_rows = varlen ? params.total_rows_q : params.seqlen_q;
+  const int64_t d_elements = static_cast<int64_t>(params.batch - 1) * params.lse_batch_stride +
+                             static_cast<int64_t>(params.heads - 1) * params.lse_head_stride +
+                             lse_rows;
+  workspace.softmax_d_offset = 0;
+  workspace.softmax_d_bytes = round_up(static_cast<size_t>(d_elements) * sizeof(float));
+
+  // dq accumulator: (batch, seqlen_q, heads, head_dim) float32, packed rows when varlen.
+  workspace.dq_accum_head_stride = params.head_dim;
+  workspace.dq_accum_row_stride = static_cast<int64_t>(params.heads) * params.head_dim;
+  workspace.dq_accum_batch_stride = varlen ? 0 : params.seqlen_q * workspace.dq_accum_row_stride;
+  workspace.dq_accum_slot_stride = rows * workspace.dq_accum_row_stride;
+  if (params.deterministic) {
+    const int64_t key_blocks = (params.seqlen_k + block_n - 1) / block_n;
+    const int64_t kv_blocks = static_cast<int64_t>(params.batch) * params.kv_heads;
+    int64_t slots = (kDeterministicBlocks + kv_blocks - 1) / kv_blocks;
+    if (slots > key_blocks) slots = key_blocks;
+    workspace.dq_accum_slots = static_cast<int>(slots < 1 ? 1 : slots);
+  }
+  workspace.dq_accum_offset = workspace.softmax_d_offset + workspace.softmax_d_bytes;
+  workspace.dq_accum_bytes = round_up(static_cast<size_t>(workspace.dq_accum_slots) *
+                                      workspace.dq_accum_slot_stride * sizeof(float));
+  workspace.total_bytes = workspace.dq_accum_offset + workspace.dq_accum_bytes;
+  return workspace;
+}
+
+size_t fa2_mma_sm80::backward_workspace_bytes(const AttentionBackwardParams& params) {
+  const int block_n = backward_block_n(params.head_dim);
+  return block_n == 0 ? 0 : backward_workspace(params, block_n).total_bytes;
+}
+
+namespace {
+
+void backward_launch(const AttentionBackwardParams& params) {
+  // backward_unsupported_reason rejects other head dims before a launch.
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    fa2_mma_sm80::launch_backward<typename fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type>(params);
+  });
+}
 
 using fa2_mma_sm80::DefaultTraits;
 
@@ -85,13 +218,17 @@ KernelVariant fa2_mma_sm80_variant() {
   KernelVariant variant;
   variant.name = "fa2_mma_sm80";
   variant.summary =
-      "FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async "
-      "double buffering), fp16/bf16, head_dim " + HeadDims::text("/") + ", causal/window, GQA, varlen";
+      "FlashAttention-2 forward and backward on tensor cores (mma.sync m16n8k16, ldmatrix, "
+      "cp.async double buffering), fp16/bf16, head_dim " + HeadDims::text("/") +
+      ", causal/window, GQA, varlen, deterministic backward";
   variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = false;
   variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;
   variant.tile_shape = tile_shape;
   variant.launch = launch;
+  variant.backward_unsupported_reason = fa2_mma_sm80::backward_unsupported_reason;
+  variant.backward_workspace_bytes = fa2_mma_sm80::backward_workspace_bytes;
+  variant.backward_launch = backward_launch;
   return variant;
 }
 

@@ -1,12 +1,14 @@
 // fa2_mma_sm80: what the host side needs to know about the FlashAttention-2
-// forward kernel on tensor cores (mma.sync m16n8k16, ldmatrix, cp.async): its
-// head-dim list, its tile configurations and the launch entry. No device code:
-// the kernel template is fa2_mma_sm80_kernel.cuh.
+// forward and backward kernels on tensor cores (mma.sync m16n8k16, ldmatrix,
+// cp.async): the head-dim list, the tile configurations and the launch
+// entries. No device code: the kernel templates are fa2_mma_sm80_kernel.cuh
+// and fa2_mma_sm80_bwd_kernel.cuh.
 //
 // Instantiations: CMake generates one fa2_mma_sm80_hdim<D>.cu per entry of
 // HeadDims from fa2_mma_sm80_hdim.cu.in (the default tiling of that head dim,
-// fp16 and bf16); the dispatch, the support check, the tile shape and the
-// messages all read the same list. Adding a head dim (a multiple of 32): add it
+// fp16 and bf16), and one fa2_mma_sm80_bwd_hdim<D>.cu from
+// fa2_mma_sm80_bwd_hdim.cu.in (the backward's default tiling); the dispatch,
+// the support checks, the tile shape and the messages all read the same list. Adding a head dim (a multiple of 32): add it
 // to HeadDims.
 #pragma once
 
@@ -69,5 +71,125 @@ std::string unsupported_reason(const AttentionParams& params);
 // files that dispatch compile no kernel.
 template <class Tr>
 void launch(const AttentionParams& params);
+
+// ---------------------------------------------------------------------------
+// The backward pass (fa2_mma_sm80_bwd_kernel.cuh): one thread block per
+// (key block of BlockN keys, kv head, batch) walks the BlockM-row query blocks
+// that see its keys. Warp layouts of its five GEMMs (Warps warps):
+//   S = Q K^T, dP = dO V^T  (BlockM x BlockN): 2 x Warps/2 warps, each 32 query rows x
+//                           BlockN/(Warps/2) keys;
+//   dV += P^T dO, dK += dS^T Q (BlockN x HeadDim): BlockN/32 x rest, each 32 keys x
+//                           HeadDim/(rest) columns, kept in registers over the whole walk;
+//   dQ = dS K               (BlockM x HeadDim): BlockM/16 x rest, each 16 rows x
+//                           HeadDim/(rest) columns, in chunks of at most 64 columns,
+//                           added to the float32 accumulator in global memory.
+// Shared memory: K, V (BlockN rows), QStages Q tiles, DoStages dO tiles
+// (BlockM rows), all HeadDim + 8 elements a row, and P, dS (BlockM x BlockN + 8).
+template <int HeadDim, int BlockM, int BlockN, int Warps, int QStages, int DoStages>
+struct BwdTraits {
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kBlockM = BlockM;  // query rows per step of the walk
+  static constexpr int kBlockN = BlockN;  // keys per thread block
+  static constexpr int kWarps = Warps;
+  static constexpr int kThreads = Warps * 32;
+  static constexpr int kQStages = QStages;    // 2: Q[i+1] loads during step i
+  static constexpr int kDoStages = DoStages;  // 2: dO[i+1] too; 1: after dV's GEMM
+
+  // Padded shared rows (16 bytes): every ldmatrix phase hits 8 distinct bank groups.
+  static constexpr int kSmemStride = HeadDim + 8;  // Q, dO, K, V (the forward's loader reads this name)
+  static constexpr int kPStride = BlockN + 8;      // P, dS
+
+  // S / dP warp layout.
+  static constexpr int kSdpWarpsM = 2;
+  static constexpr int kSdpWarpsN = Warps / kSdpWarpsM;
+  static constexpr int kSdpRows = BlockM / kSdpWarpsM;
+  static constexpr int kSdpCols = BlockN / kSdpWarpsN;
+  static constexpr int kSdpMT = kSdpRows / 16;
+  static constexpr int kSdpNT = kSdpCols / 8;
+  // dK / dV warp layout.
+  static constexpr int kKvWarpsN = BlockN / 32;
+  static constexpr int kKvWarpsD = Warps / kKvWarpsN;
+  static constexpr int kKvCols = HeadDim / kKvWarpsD;
+  static constexpr int kKvMT = 2;
+  static constexpr int kKvNT = kKvCols / 8;
+  // dQ warp layout, and the column chunk a warp accumulates at a time.
+  static constexpr int kDqWarpsM = BlockM / 16;
+  static constexpr int kDqWarpsD = Warps / kDqWarpsM;
+  static constexpr int kDqCols = HeadDim / kDqWarpsD;
+  static constexpr int kDqChunkCols = kDqCols > 64 ? 64 : kDqCols;
+  static constexpr int kDqChunks = kDqCols / kDqChunkCols;
+  static constexpr int kDqChunkNT = kDqChunkCols / 8;
+
+  // Shared memory, byte offsets.
+  static constexpr int kKVTileBytes = BlockN * kSmemStride * 2;
+  static constexpr int kQTileBytes = BlockM * kSmemStride * 2;
+  static constexpr int kPTileBytes = BlockM * kPStride * 2;
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + QStages * kQTileBytes;
+  static constexpr int kPOffset = kDoOffset + DoStages * kQTileBytes;
+  static constexpr int kDsOffset = kPOffset + kPTileBytes;
+  static constexpr int kSmemBytes = kDsOffset + kPTileBytes;
+
+  static_assert(HeadDim % 32 == 0, "head_dim must be a multiple of 32");
+  static_assert(BlockM % 32 == 0 && BlockN % 32 == 0, "blocks of whole 32-row warp slabs");
+  static_assert(QStages == 1 || QStages == 2, "Q single or double buffered");
+  static_assert(DoStages == 1 || DoStages == 2, "dO single or double buffered");
+  static_assert(Warps % kSdpWarpsM == 0 && kSdpRows % 16 == 0 && kSdpCols % 16 == 0,
+                "S/dP: whole m16 slabs and 16-key blocks per warp");
+  static_assert(kSdpWarpsM * kSdpRows == BlockM && kSdpWarpsN * kSdpCols == BlockN,
+                "S/dP warps tile the block exactly");
+  static_assert(Warps % kKvWarpsN == 0 && kKvCols % 16 == 0 && kKvWarpsD * kKvCols == HeadDim,
+                "dK/dV: 32 keys x 16-column blocks per warp, warps tile the block exactly");
+  static_assert(Warps % kDqWarpsM == 0 && kDqCols % 16 == 0 && kDqWarpsD * kDqCols == HeadDim,
+                "dQ: one m16 slab x 16-column blocks per warp, warps tile the block exactly");
+  static_assert(kDqCols % kDqChunkCols == 0 && kDqChunkCols % 16 == 0, "whole dQ chunks");
+  static_assert(BlockM % 16 == 0 && BlockN % 16 == 0, "k16 steps over the block");
+  static_assert(kKOffset % 16 == 0 && kVOffset % 16 == 0 && kQOffset % 16 == 0 &&
+                    kDoOffset % 16 == 0 && kPOffset % 16 == 0 && kDsOffset % 16 == 0,
+                "16-byte aligned tiles (cp.async, ldmatrix)");
+};
+
+// The default backward tiling of a head dim (a rule so that every entry of
+// HeadDims has one; FA2's tile sizes). 8 warps; all fit the 163 KB an A100
+// block may opt into:
+// - block_m 64, block_n 128 up to head_dim 128 (dK, dV: 2 x 64 floats a thread at 128);
+//   Q and dO double-buffered up to 96 (74-138 KB), dO single-buffered at 128 (153 KB);
+// - above 128: 64 x 64, Q and dO single-buffered (150 KB at 256).
+template <int HeadDim>
+struct DefaultBwdTraits {
+  using type = BwdTraits<HeadDim, 64, (HeadDim <= 128 ? 128 : 64), 8, (HeadDim <= 128 ? 2 : 1),
+                         (HeadDim <= 96 ? 2 : 1)>;
+};
+
+// Empty when the backward can run the problem (everything unsupported_reason
+// checks, plus dout/dq/dk/dv alignment and the shared memory of the device's
+// compute capability when known), else the reason. Host only.
+std::string backward_unsupported_reason(const AttentionBackwardParams& params);
+
+// Where softmax_d and the float32 dq accumulator live in params.workspace, and
+// how many dq accumulator slots there are: 1 by default (atomic adds from every
+// key block), in deterministic mode one per split of the key blocks (each
+// thread block owns one slot and adds to it in a fixed order; the convert
+// kernel sums the slots in slot order). block_n: the tiling's kBlockN.
+struct BackwardWorkspace {
+  size_t softmax_d_offset = 0, softmax_d_bytes = 0;
+  size_t dq_accum_offset = 0, dq_accum_bytes = 0;
+  int dq_accum_slots = 1;
+  int64_t dq_accum_slot_stride = 0;  // elements between slots
+  int64_t dq_accum_batch_stride = 0, dq_accum_row_stride = 0, dq_accum_head_stride = 0;
+  size_t total_bytes = 0;
+};
+BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_n);
+// The same for the default tiling of params.head_dim (the registry's hook).
+size_t backward_workspace_bytes(const AttentionBackwardParams& params);
+
+// Launches the backward with configuration Tr for params.dtype: the
+// preprocess, main and convert kernels on params.stream. Defined in
+// fa2_mma_sm80_bwd_kernel.cuh, instantiated in the generated
+// fa2_mma_sm80_bwd_hdim<D>.cu for DefaultBwdTraits<D>.
+template <class Tr>
+void launch_backward(const AttentionBackwardParams& params);
 
 }  // namespace flashlab::fa2_mma_sm80

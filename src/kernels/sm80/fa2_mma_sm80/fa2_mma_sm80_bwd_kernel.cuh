@@ -1,0 +1,507 @@
+// fa2_mma_sm80 backward kernel templates: the FlashAttention-2 backward pass on
+// tensor cores with plain sm_80 instructions (mma.sync m16n8k16, ldmatrix(.trans),
+// cp.async), three kernels on one stream:
+//
+// 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32, into
+//    params.softmax_d (laid out like the LSE).
+// 2. main: one thread block per (key block of kBlockN keys, kv head, batch). K
+//    and V of the block are loaded into shared memory once; the block then
+//    walks, for each query head of the kv head's group (GQA/MQA) in turn, the
+//    kBlockM-row query blocks that see at least one of its keys
+//    (visible_rows_of_keys: causal / sliding window, bottom-right aligned), Q
+//    and dO tiles arriving through cp.async (double-buffered where shared
+//    memory allows, see DefaultBwdTraits). Per query block, on tensor cores:
+//      S  = Q K^T,  P = exp2(S * scale * log2(e) - LSE * log2(e))   (the forward's P, recomputed;
+//                   masked entries, rows past seqlen_q and rows with LSE = -inf give P = 0)
+//      dP = dO V^T, dS = P * (dP - D)
+//      dV += P^T dO, dK += dS^T Q      (registers, over every query block and head)
+//      dQ  = dS K, added to the float32 accumulator params.dq_accum with red.global.add
+//    P and dS go through shared memory (16-bit) and come back transposed as
+//    A operands with ldmatrix.trans. At the end dK * scale and dV are
+//    written in the input dtype (staged through shared memory, 16-byte stores).
+//    GQA: dK/dV sum over the group's query heads in registers, no atomics.
+// 3. convert: dq = dq_accum * scale in the input dtype (deterministic mode: the
+//    sum of the accumulator slots, slot 0 first).
+//
+// Deterministic mode (params.deterministic): the grid's x dimension is the
+// number of dq accumulator slots S (BackwardWorkspace); block s handles key
+// blocks s, s + S, s + 2S, ... in that order and adds its dQ to slot s only.
+// Each slot element then receives its additions from one thread in program
+// order, so every slot and their fixed-order sum are bitwise reproducible.
+// Default mode: one block per key block, all adding to slot 0 in whatever
+// order the atomics land. dK/dV are bitwise stable in both modes.
+//
+// Tiling: BwdTraits<HeadDim, BlockM, BlockN, Warps, QStages, DoStages> in
+// fa2_mma_sm80.h (warp layouts of the five GEMMs, shared-memory map); the
+// defaults are 64 x 128 (64 x 64 above head_dim 128) with 8 warps. Shared rows
+// are padded by 16 bytes (conflict-free ldmatrix and fragment stores). The
+// visible-key rule, the sequence views, the PTX wrappers (warp_gemm_smem, the
+// ldmatrix lane patterns, red_add_f32x2) come from src/kernels/common/; the
+// tile loader is the forward's (fa2_mma_sm80_kernel.cuh).
+//
+// Limits: fp16 / bf16; head_dim a multiple of 32 (HeadDims); base pointers
+// 16-byte aligned and strides multiples of 8 elements; no dropout, no ALiBi.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/online_softmax.h"
+#include "common/ptx_sm80.h"
+#include "common/sequence_view.h"
+#include "common/visible_keys.h"
+#include "flashlab/cuda_check.h"
+#include "flashlab/kernel_params.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80_kernel.cuh"  // load_tile_async
+
+namespace flashlab::fa2_mma_sm80 {
+
+using namespace ::flashlab::sm80;
+
+inline constexpr int kBwdAuxThreads = 128;  // preprocess and convert kernels
+
+// Threads that share one row in the preprocess kernel (a power of two <= 16
+// and <= the row's 16-byte chunks).
+template <int HeadDim>
+inline constexpr int kPreprocessThreadsPerRow = HeadDim / 8 >= 16 ? 16 : HeadDim / 8 >= 8 ? 8 : 4;
+
+// ---------------------------------------------------------------------------
+// 1. D = rowsum(dO * O), float32, one group of kPreprocessThreadsPerRow threads a row.
+template <int HeadDim, typename Element>
+__global__ void __launch_bounds__(kBwdAuxThreads)
+    fa2_backward_preprocess_kernel(const AttentionBackwardParams p) {
+  constexpr int kChunks = HeadDim / 8;  // 16-byte chunks a row
+  constexpr int kThreadsPerRow = kPreprocessThreadsPerRow<HeadDim>;
+  constexpr int kRowsPerBlock = kBwdAuxThreads / kThreadsPerRow;
+  static_assert(32 % kThreadsPerRow == 0 && kThreadsPerRow <= kChunks, "row groups inside a warp");
+
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  if (static_cast<int>(blockIdx.x) * kRowsPerBlock >= view.seqlen_q) return;  // whole block
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
+  const int part = threadIdx.x % kThreadsPerRow;
+
+  float sum = 0.f;
+  if (row < view.seqlen_q) {
+    const Element* o = static_cast<const Element*>(p.out) + view.out_offset +
+                       head * p.out_head_stride + row * p.out_row_stride;
+    const Element* d_o = static_cast<const Element*>(p.dout) + view.dout_offset +
+                         head * p.dout_head_stride + row * p.dout_row_stride;
+#pragma unroll
+    for (int c = part; c < kChunks; c += kThreadsPerRow) {
+      const uint4 a = *reinterpret_cast<const uint4*>(o + c * 8);
+      const uint4 b = *reinterpret_cast<const uint4*>(d_o + c * 8);
+      const uint32_t aw[4] = {a.x, a.y, a.z, a.w};
+      const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 x = unpack2<Element>(aw[w]);
+        const float2 y = unpack2<Element>(bw[w]);
+        sum = fmaf(x.x, y.x, sum);
+        sum = fmaf(x.y, y.y, sum);
+      }
+    }
+  }
+  // Every thread of the block is here (rows past the end with sum 0).
+#pragma unroll
+  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2)
+    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (part == 0 && row < view.seqlen_q)
+    p.softmax_d[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row] = sum;
+}
+
+// ---------------------------------------------------------------------------
+// 3. dq = scale * (sum of the dq_accum slots), 8 elements a thread.
+template <int HeadDim, typename Element>
+__global__ void __launch_bounds__(kBwdAuxThreads)
+    fa2_backward_convert_dq_kernel(const AttentionBackwardParams p, const int slots,
+                                   const int64_t slot_stride) {
+  constexpr int kChunks = HeadDim / 8;
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  const int index = blockIdx.x * kBwdAuxThreads + threadIdx.x;
+  const int row = index / kChunks;
+  const int col = (index % kChunks) * 8;
+  if (row >= view.seqlen_q) return;
+
+  const float* accum = p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
+                       row * p.dq_accum_row_stride + col;
+  float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int slot = 0; slot < slots; ++slot) {  // fixed order: bitwise reproducible
+    const float4 lo = *reinterpret_cast<const float4*>(accum + slot * slot_stride);
+    const float4 hi = *reinterpret_cast<const float4*>(accum + slot * slot_stride + 4);
+    sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
+    sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+  }
+  const float scale = p.softmax_scale;
+  uint4 packed;
+  packed.x = pack2<Element>(sum[0] * scale, sum[1] * scale);
+  packed.y = pack2<Element>(sum[2] * scale, sum[3] * scale);
+  packed.z = pack2<Element>(sum[4] * scale, sum[5] * scale);
+  packed.w = pack2<Element>(sum[6] * scale, sum[7] * scale);
+  *reinterpret_cast<uint4*>(static_cast<Element*>(p.dq) + view.dq_offset +
+                            head * p.dq_head_stride + row * p.dq_row_stride + col) = packed;
+}
+
+// ---------------------------------------------------------------------------
+// 2. The main kernel. Grid (key blocks, or dq slots in deterministic mode;
+// kv_heads; batch), Tr::kThreads threads, Tr::kSmemBytes of dynamic shared memory.
+template <class Tr, typename Element>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    fa2_backward_kernel(const AttentionBackwardParams p, const int64_t dq_accum_slot_stride) {
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kBM = Tr::kBlockM;
+  constexpr int kBN = Tr::kBlockN;
+  constexpr int kStride = Tr::kSmemStride;
+  constexpr int kPStride = Tr::kPStride;
+  constexpr int kSdpMT = Tr::kSdpMT, kSdpNT = Tr::kSdpNT;
+  constexpr int kKvMT = Tr::kKvMT, kKvNT = Tr::kKvNT;
+  constexpr int kDqChunkNT = Tr::kDqChunkNT;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t smem_base = smem_address(smem);
+  const uint32_t k_smem = smem_base + Tr::kKOffset;
+  const uint32_t v_smem = smem_base + Tr::kVOffset;
+  const uint32_t q_smem = smem_base + Tr::kQOffset;    // + stage * kQTileBytes
+  const uint32_t do_smem = smem_base + Tr::kDoOffset;  // + stage * kQTileBytes
+  const uint32_t p_smem = smem_base + Tr::kPOffset;
+  const uint32_t ds_smem = smem_base + Tr::kDsOffset;
+  Element* const p_tile = reinterpret_cast<Element*>(smem + Tr::kPOffset);
+  Element* const ds_tile = reinterpret_cast<Element*>(smem + Tr::kDsOffset);
+
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  const int seqlen_q = view.seqlen_q, seqlen_k = view.seqlen_k;
+  const int group = p.heads / p.kv_heads;  // query heads per kv head
+  const int window_left = p.window_left, window_right = p.window_right;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int n_key_blocks = (seqlen_k + kBN - 1) / kBN;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int quad_row = lane / 4;  // C fragment: rows quad_row, quad_row + 8
+  const int quad_col = lane % 4;  // C fragment: columns 2 * quad_col, + 1
+
+  // Warp positions in the three layouts (BwdTraits).
+  const int sdp_row0 = (warp / Tr::kSdpWarpsN) * Tr::kSdpRows;  // query row in the block
+  const int sdp_col0 = (warp % Tr::kSdpWarpsN) * Tr::kSdpCols;  // key in the block
+  const int kv_row0 = (warp / Tr::kKvWarpsD) * 32;              // key in the block
+  const int kv_col0 = (warp % Tr::kKvWarpsD) * Tr::kKvCols;     // head_dim column
+  const int dq_row0 = (warp / Tr::kDqWarpsD) * 16;              // query row in the block
+  const int dq_col0 = (warp % Tr::kDqWarpsD) * Tr::kDqCols;     // head_dim column
+
+  // ldmatrix lane addresses (bytes), operand by operand (see warp_gemm_smem).
+  // S = Q K^T, dP = dO V^T: A = Q / dO rows [m][k]; B = K / V rows [n][k].
+  const uint32_t sdp_a_lane = (ldmatrix_offset_rows16(lane, kStride) + sdp_row0 * kStride) * 2;
+  const uint32_t sdp_b_lane = (ldmatrix_offset_pairs(lane, kStride) + sdp_col0 * kStride) * 2;
+  // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T from P / dS rows [k = query][m = key];
+  // B = dO / Q rows [k = query][n = column].
+  const uint32_t kv_a_lane = (ldmatrix_offset_pairs(lane, kPStride) + kv_row0) * 2;
+  const uint32_t kv_b_lane = (ldmatrix_offset_rows16(lane, kStride) + kv_col0) * 2;
+  // dQ = dS K: A = dS rows [m = query][k = key]; B = K rows [k = key][n = column].
+  const uint32_t dq_a_lane = (ldmatrix_offset_rows16(lane, kPStride) + dq_row0 * kPStride) * 2;
+  const uint32_t dq_b_lane = (ldmatrix_offset_rows16(lane, kStride) + dq_col0) * 2;
+
+  float* const dq_accum_slot =
+      p.dq_accum + (p.deterministic ? blockIdx.x * dq_accum_slot_stride : 0) + view.dq_accum_offset;
+
+  // Default mode: gridDim.x = key blocks, one pass. Deterministic: gridDim.x =
+  // slots, this block's key blocks in increasing order.
+  for (int n_block = blockIdx.x; n_block < n_key_blocks; n_block += gridDim.x) {
+    const int n0 = n_block * kBN;
+    const int keys_here = min(kBN, seqlen_k - n0);
+    const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, seqlen_q, seqlen_k,
+                                               window_left, window_right);
+    const int m_begin = rows.empty() ? 0 : rows.first / kBM;
+    const int m_count = rows.empty() ? 0 : rows.last / kBM + 1 - m_begin;
+    // The walk: step j is query head kv_head * group + j / m_count, query block
+    // m_begin + j % m_count.
+    const int steps = m_count * group;
+
+    const auto load_q = [&](int j, uint32_t dst) {
+      const int head = kv_head * group + j / m_count;
+      const int m0 = (m_begin + j % m_count) * kBM;
+      load_tile_async<Tr, kBM>(dst,
+                               static_cast<const Element*>(p.q) + view.q_offset +
+                                   head * p.q_head_stride + m0 * p.q_row_stride,
+                               p.q_row_stride, seqlen_q - m0);
+    };
+    const auto load_do = [&](int j, uint32_t dst) {
+      const int head = kv_head * group + j / m_count;
+      const int m0 = (m_begin + j % m_count) * kBM;
+      load_tile_async<Tr, kBM>(dst,
+                               static_cast<const Element*>(p.dout) + view.dout_offset +
+                                   head * p.dout_head_stride + m0 * p.dout_row_stride,
+                               p.dout_row_stride, seqlen_q - m0);
+    };
+
+    float acc_dk[kKvMT][kKvNT][4];
+    float acc_dv[kKvMT][kKvNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kKvMT; ++mt)
+#pragma unroll
+      for (int n = 0; n < kKvNT; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_dk[mt][n][i] = acc_dv[mt][n][i] = 0.f;
+
+    __syncthreads();  // the previous key block's epilogue is done with K/V shared memory
+    if (steps > 0) {
+      load_tile_async<Tr, kBN>(k_smem,
+                               static_cast<const Element*>(p.k) + view.k_offset +
+                                   kv_head * p.k_head_stride + n0 * p.k_row_stride,
+                               p.k_row_stride, keys_here);
+      load_tile_async<Tr, kBN>(v_smem,
+                               static_cast<const Element*>(p.v) + view.v_offset +
+                                   kv_head * p.v_head_stride + n0 * p.v_row_stride,
+                               p.v_row_stride, keys_here);
+      load_q(0, q_smem);
+      load_do(0, do_smem);
+      cp_async_commit();
+    }
+
+    for (int j = 0; j < steps; ++j) {
+      const int head = kv_head * group + j / m_count;
+      const int m0 = (m_begin + j % m_count) * kBM;
+      const uint32_t q_cur = q_smem + (j % Tr::kQStages) * Tr::kQTileBytes;
+      const uint32_t do_cur = do_smem + (j % Tr::kDoStages) * Tr::kQTileBytes;
+
+      // Q[j], dO[j] (and at j = 0 K, V) have landed for every thread; step
+      // j-1's readers of P, dS and of the buffers refilled below are done.
+      cp_async_wait<0>();
+      __syncthreads();
+      if constexpr (Tr::kQStages == 2) {
+        if (j + 1 < steps) load_q(j + 1, q_smem + ((j + 1) % 2) * Tr::kQTileBytes);
+      }
+      if constexpr (Tr::kDoStages == 2) {
+        if (j + 1 < steps) load_do(j + 1, do_smem + ((j + 1) % 2) * Tr::kQTileBytes);
+      }
+      cp_async_commit();
+
+      // LSE (base 2) and D of this thread's S rows; rows past seqlen_q and rows
+      // that saw no key in the forward (LSE -inf) get +inf, so P = 2^-inf = 0.
+      const int64_t lse_head = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
+      float row_lse_log2[kSdpMT][2], row_d[kSdpMT][2];
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + sdp_row0 + mt * 16 + quad_row + h * 8;
+          float lse = INFINITY, d = 0.f;
+          if (row < seqlen_q) {
+            lse = p.lse[lse_head + row];
+            d = p.softmax_d[lse_head + row];
+            lse = lse == -INFINITY ? INFINITY : lse * kLog2e;
+          }
+          row_lse_log2[mt][h] = lse;
+          row_d[mt][h] = d;
+        }
+
+      // S = Q K^T and dP = dO V^T for this warp's kSdpRows x kSdpCols.
+      float acc_s[kSdpMT][kSdpNT][4];
+      float acc_dp[kSdpMT][kSdpNT][4];
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < kSdpNT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_s[mt][n][i] = acc_dp[mt][n][i] = 0.f;
+      warp_gemm_smem<Element, false, false, kD / 16, kStride, kStride>(
+          acc_s, q_cur + sdp_a_lane, k_smem + sdp_b_lane);
+      warp_gemm_smem<Element, false, false, kD / 16, kStride, kStride>(
+          acc_dp, do_cur + sdp_a_lane, v_smem + sdp_b_lane);
+
+      // Mask (only blocks some row does not see whole), P, dS; both to shared memory.
+      const bool needs_mask = !tile_fully_visible(m0, m0 + kBM - 1, n0, n0 + kBN - 1, seqlen_q,
+                                                  seqlen_k, window_left, window_right);
+#pragma unroll
+      for (int mt = 0; mt < kSdpMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = sdp_row0 + mt * 16 + quad_row + h * 8;  // in the block
+          if (needs_mask) {
+            const KeyRange keys =
+                visible_keys(m0 + row, seqlen_q, seqlen_k, window_left, window_right);
+#pragma unroll
+            for (int n = 0; n < kSdpNT; ++n)
+#pragma unroll
+              for (int i = 0; i < 2; ++i)
+                if (!keys.contains(n0 + sdp_col0 + n * 8 + quad_col * 2 + i))
+                  acc_s[mt][n][h * 2 + i] = -INFINITY;
+          }
+#pragma unroll
+          for (int n = 0; n < kSdpNT; ++n) {
+            float prob[2], dscore[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              prob[i] = fast_exp2(fmaf(acc_s[mt][n][h * 2 + i], scale_log2, -row_lse_log2[mt][h]));
+              dscore[i] = prob[i] * (acc_dp[mt][n][h * 2 + i] - row_d[mt][h]);
+            }
+            const int col = sdp_col0 + n * 8 + quad_col * 2;
+            *reinterpret_cast<uint32_t*>(p_tile + row * kPStride + col) =
+                pack2<Element>(prob[0], prob[1]);
+            *reinterpret_cast<uint32_t*>(ds_tile + row * kPStride + col) =
+                pack2<Element>(dscore[0], dscore[1]);
+          }
+        }
+      __syncthreads();  // P, dS complete
+
+      // dV += P^T dO (k = the block's kBM query rows).
+      warp_gemm_smem<Element, true, true, kBM / 16, kPStride, kStride>(
+          acc_dv, p_smem + kv_a_lane, do_cur + kv_b_lane);
+      if constexpr (Tr::kDoStages == 1) {
+        __syncthreads();  // every warp is done with dO[j]
+        if (j + 1 < steps) load_do(j + 1, do_smem);
+        cp_async_commit();
+      }
+      // dK += dS^T Q.
+      warp_gemm_smem<Element, true, true, kBM / 16, kPStride, kStride>(
+          acc_dk, ds_smem + kv_a_lane, q_cur + kv_b_lane);
+      if constexpr (Tr::kQStages == 1) {
+        __syncthreads();  // every warp is done with Q[j]
+        if (j + 1 < steps) load_q(j + 1, q_smem);
+        cp_async_commit();
+      }
+
+      // dQ += dS K (k = the block's kBN keys), a column chunk at a time, added
+      // to the float32 accumulator (scaled by the convert kernel).
+      float* const dq_head = dq_accum_slot + head * p.dq_accum_head_stride;
+#pragma unroll
+      for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
+        float acc_dq[1][kDqChunkNT][4];
+#pragma unroll
+        for (int n = 0; n < kDqChunkNT; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc_dq[0][n][i] = 0.f;
+        warp_gemm_smem<Element, false, true, kBN / 16, kPStride, kStride>(
+            acc_dq, ds_smem + dq_a_lane, k_smem + dq_b_lane + chunk * Tr::kDqChunkCols * 2);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + dq_row0 + quad_row + h * 8;
+          if (row < seqlen_q) {
+            float* const dst = dq_head + row * p.dq_accum_row_stride + dq_col0 +
+                               chunk * Tr::kDqChunkCols + quad_col * 2;
+#pragma unroll
+            for (int n = 0; n < kDqChunkNT; ++n)
+              red_add_f32x2(dst + n * 8, acc_dq[0][n][h * 2], acc_dq[0][n][h * 2 + 1]);
+          }
+        }
+      }
+    }
+
+    // Epilogue: dK * scale and dV in the input dtype, staged through the K and V
+    // tiles, then 16-byte stores of the rows < seqlen_k. Blocks no query row
+    // sees write zeros.
+    cp_async_wait<0>();  // nothing is in flight (only empty groups); kept for safety
+    __syncthreads();     // every warp is done reading K and V
+    Element* const dk_tile = reinterpret_cast<Element*>(smem + Tr::kKOffset);
+    Element* const dv_tile = reinterpret_cast<Element*>(smem + Tr::kVOffset);
+#pragma unroll
+    for (int mt = 0; mt < kKvMT; ++mt)
+#pragma unroll
+      for (int n = 0; n < kKvNT; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = kv_row0 + mt * 16 + quad_row + h * 8;
+          const int col = kv_col0 + n * 8 + quad_col * 2;
+          *reinterpret_cast<uint32_t*>(dk_tile + row * kStride + col) =
+              pack2<Element>(acc_dk[mt][n][h * 2] * p.softmax_scale,
+                             acc_dk[mt][n][h * 2 + 1] * p.softmax_scale);
+          *reinterpret_cast<uint32_t*>(dv_tile + row * kStride + col) =
+              pack2<Element>(acc_dv[mt][n][h * 2], acc_dv[mt][n][h * 2 + 1]);
+        }
+    __syncthreads();
+    constexpr int kChunksPerRow = kD / 8;
+    constexpr int kChunks = kBN * kChunksPerRow;
+    Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
+    Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
+#pragma unroll
+    for (int i = 0; i < (kChunks + Tr::kThreads - 1) / Tr::kThreads; ++i) {
+      const int chunk = tid + i * Tr::kThreads;
+      if (kChunks % Tr::kThreads == 0 || chunk < kChunks) {
+        const int row = chunk / kChunksPerRow;
+        const int col = (chunk % kChunksPerRow) * 8;
+        if (row < keys_here) {
+          *reinterpret_cast<uint4*>(dk_out + (n0 + row) * p.dk_row_stride + col) =
+              *reinterpret_cast<const uint4*>(dk_tile + row * kStride + col);
+          *reinterpret_cast<uint4*>(dv_out + (n0 + row) * p.dv_row_stride + col) =
+              *reinterpret_cast<const uint4*>(dv_tile + row * kStride + col);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Host: carve the workspace on a copy of the block, zero the dq accumulator,
+// launch the three kernels on params.stream.
+template <class Tr, typename Element>
+void launch_backward_typed(const AttentionBackwardParams& params) {
+  AttentionBackwardParams p = params;
+  const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockN);
+  if (workspace.total_bytes > 0 &&
+      (p.workspace == nullptr || p.workspace_bytes < workspace.total_bytes))
+    throw_cuda_error(cudaErrorInvalidValue, "fa2_mma_sm80 backward workspace", __FILE__, __LINE__,
+                     "the backward needs " + std::to_string(workspace.total_bytes) +
+                         " bytes of workspace (backward_workspace_bytes); got " +
+                         std::to_string(p.workspace_bytes));
+  unsigned char* const base = static_cast<unsigned char*>(p.workspace);
+  p.softmax_d = reinterpret_cast<float*>(base + workspace.softmax_d_offset);
+  p.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
+  p.dq_accum_batch_stride = workspace.dq_accum_batch_stride;
+  p.dq_accum_row_stride = workspace.dq_accum_row_stride;
+  p.dq_accum_head_stride = workspace.dq_accum_head_stride;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.batch <= 0 || p.heads <= 0) return;  // nothing to compute
+  // seqlen_q = 0: no dq rows, but dk = dv = 0 are still written by the main kernel.
+  const bool has_rows = p.seqlen_q > 0;
+
+  if (workspace.dq_accum_bytes > 0)
+    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.dq_accum_bytes, stream));
+
+  if (has_rows) {
+    constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
+    const dim3 grid((p.seqlen_q + kRows - 1) / kRows, p.heads, p.batch);
+    fa2_backward_preprocess_kernel<Tr::kHeadDim, Element>
+        <<<grid, kBwdAuxThreads, 0, stream>>>(p);
+    FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (preprocess)", p);
+  }
+  if (p.seqlen_k > 0) {
+    auto kernel = fa2_backward_kernel<Tr, Element>;
+    constexpr int kSmem = Tr::kSmemBytes;
+    if constexpr (kSmem > 48 * 1024) {
+      FLASHLAB_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    }
+    const int key_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+    const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
+    kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p, workspace.dq_accum_slot_stride);
+    FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward", p);
+  }
+  if (has_rows) {
+    constexpr int kChunks = Tr::kHeadDim / 8;
+    const int64_t chunks = static_cast<int64_t>(p.seqlen_q) * kChunks;
+    const dim3 grid(static_cast<unsigned>((chunks + kBwdAuxThreads - 1) / kBwdAuxThreads), p.heads,
+                    p.batch);
+    fa2_backward_convert_dq_kernel<Tr::kHeadDim, Element><<<grid, kBwdAuxThreads, 0, stream>>>(
+        p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride);
+    FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (convert dq)", p);
+  }
+}
+
+// Dispatch on the element type (declared in fa2_mma_sm80.h).
+template <class Tr>
+void launch_backward(const AttentionBackwardParams& params) {
+  FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element,
+                            [&] { launch_backward_typed<Tr, Element>(params); });
+}
+
+}  // namespace flashlab::fa2_mma_sm80

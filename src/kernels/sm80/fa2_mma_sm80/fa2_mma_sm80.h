@@ -84,7 +84,8 @@ void launch(const AttentionParams& params);
 //                           HeadDim/(rest) columns, in chunks of at most 64 columns,
 //                           added to the float32 accumulator in global memory.
 // Shared memory: K, V (BlockN rows), QStages Q tiles, DoStages dO tiles
-// (BlockM rows), all HeadDim + 8 elements a row, and P, dS (BlockM x BlockN + 8).
+// (BlockM rows), all HeadDim + 8 elements a row, P, dS (BlockM x BlockN + 8),
+// and the LSE and D of each Q stage's rows.
 template <int HeadDim, int BlockM, int BlockN, int Warps, int QStages, int DoStages>
 struct BwdTraits {
   static constexpr int kHeadDim = HeadDim;
@@ -130,7 +131,11 @@ struct BwdTraits {
   static constexpr int kDoOffset = kQOffset + QStages * kQTileBytes;
   static constexpr int kPOffset = kDoOffset + DoStages * kQTileBytes;
   static constexpr int kDsOffset = kPOffset + kPTileBytes;
-  static constexpr int kSmemBytes = kDsOffset + kPTileBytes;
+  // The LSE and D of each Q stage's rows (float32), loaded with the Q tile.
+  static constexpr int kRowStatsBytes = BlockM * 4;
+  static constexpr int kLseOffset = kDsOffset + kPTileBytes;
+  static constexpr int kDOffset = kLseOffset + QStages * kRowStatsBytes;
+  static constexpr int kSmemBytes = kDOffset + QStages * kRowStatsBytes;
 
   static_assert(HeadDim % 32 == 0, "head_dim must be a multiple of 32");
   static_assert(BlockM % 32 == 0 && BlockN % 32 == 0, "blocks of whole 32-row warp slabs");
@@ -146,6 +151,7 @@ struct BwdTraits {
                 "dQ: one m16 slab x 16-column blocks per warp, warps tile the block exactly");
   static_assert(kDqCols % kDqChunkCols == 0 && kDqChunkCols % 16 == 0, "whole dQ chunks");
   static_assert(BlockM % 16 == 0 && BlockN % 16 == 0, "k16 steps over the block");
+  static_assert(2 * BlockM <= Warps * 32, "one thread per row copies the LSE, one the D");
   static_assert(kKOffset % 16 == 0 && kVOffset % 16 == 0 && kQOffset % 16 == 0 &&
                     kDoOffset % 16 == 0 && kPOffset % 16 == 0 && kDsOffset % 16 == 0,
                 "16-byte aligned tiles (cp.async, ldmatrix)");

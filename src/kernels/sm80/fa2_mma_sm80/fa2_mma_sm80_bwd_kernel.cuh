@@ -173,8 +173,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const uint32_t do_smem = smem_base + Tr::kDoOffset;  // + stage * kQTileBytes
   const uint32_t p_smem = smem_base + Tr::kPOffset;
   const uint32_t ds_smem = smem_base + Tr::kDsOffset;
+  const uint32_t lse_smem = smem_base + Tr::kLseOffset;  // + stage * kBM floats
+  const uint32_t d_smem = smem_base + Tr::kDOffset;      // + stage * kBM floats
   Element* const p_tile = reinterpret_cast<Element*>(smem + Tr::kPOffset);
   Element* const ds_tile = reinterpret_cast<Element*>(smem + Tr::kDsOffset);
+  const float* const lse_stats = reinterpret_cast<const float*>(smem + Tr::kLseOffset);
+  const float* const d_stats = reinterpret_cast<const float*>(smem + Tr::kDOffset);
 
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
@@ -227,13 +231,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // m_begin + j % m_count.
     const int steps = m_count * group;
 
-    const auto load_q = [&](int j, uint32_t dst) {
+    // Q tile j into stage `stage`, with the LSE and D of its rows (zero past seqlen_q).
+    const auto load_q = [&](int j, int stage) {
       const int head = kv_head * group + j / m_count;
       const int m0 = (m_begin + j % m_count) * kBM;
-      load_tile_async<Tr, kBM>(dst,
+      load_tile_async<Tr, kBM>(q_smem + stage * Tr::kQTileBytes,
                                static_cast<const Element*>(p.q) + view.q_offset +
                                    head * p.q_head_stride + m0 * p.q_row_stride,
                                p.q_row_stride, seqlen_q - m0);
+      const int64_t stats = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
+      if (tid < 2 * kBM) {
+        const int row = tid % kBM;
+        const bool valid = m0 + row < seqlen_q;
+        const float* src = tid < kBM ? p.lse : p.softmax_d;
+        const uint32_t dst = (tid < kBM ? lse_smem : d_smem) + (stage * kBM + row) * 4;
+        cp_async_4(dst, valid ? src + stats + m0 + row : src, valid);
+      }
     };
     const auto load_do = [&](int j, uint32_t dst) {
       const int head = kv_head * group + j / m_count;
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                static_cast<const Element*>(p.v) + view.v_offset +
                                    kv_head * p.v_head_stride + n0 * p.v_row_stride,
                                p.v_row_stride, keys_here);
-      load_q(0, q_smem);
+      load_q(0, 0);
       load_do(0, do_smem);
       cp_async_commit();
     }
@@ -271,7 +284,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int j = 0; j < steps; ++j) {
       const int head = kv_head * group + j / m_count;
       const int m0 = (m_begin + j % m_count) * kBM;
-      const uint32_t q_cur = q_smem + (j % Tr::kQStages) * Tr::kQTileBytes;
+      const int q_stage = j % Tr::kQStages;
+      const uint32_t q_cur = q_smem + q_stage * Tr::kQTileBytes;
       const uint32_t do_cur = do_smem + (j % Tr::kDoStages) * Tr::kQTileBytes;
 
       // Q[j], dO[j] (and at j = 0 K, V) have landed for every thread; step
@@ -279,31 +293,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cp_async_wait<0>();
       __syncthreads();
       if constexpr (Tr::kQStages == 2) {
-        if (j + 1 < steps) load_q(j + 1, q_smem + ((j + 1) % 2) * Tr::kQTileBytes);
+        if (j + 1 < steps) load_q(j + 1, (j + 1) % 2);
       }
       if constexpr (Tr::kDoStages == 2) {
         if (j + 1 < steps) load_do(j + 1, do_smem + ((j + 1) % 2) * Tr::kQTileBytes);
       }
       cp_async_commit();
-
-      // LSE (base 2) and D of this thread's S rows; rows past seqlen_q and rows
-      // that saw no key in the forward (LSE -inf) get +inf, so P = 2^-inf = 0.
-      const int64_t lse_head = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
-      float row_lse_log2[kSdpMT][2], row_d[kSdpMT][2];
-#pragma unroll
-      for (int mt = 0; mt < kSdpMT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + sdp_row0 + mt * 16 + quad_row + h * 8;
-          float lse = INFINITY, d = 0.f;
-          if (row < seqlen_q) {
-            lse = p.lse[lse_head + row];
-            d = p.softmax_d[lse_head + row];
-            lse = lse == -INFINITY ? INFINITY : lse * kLog2e;
-          }
-          row_lse_log2[mt][h] = lse;
-          row_d[mt][h] = d;
-        }
 
       // S = Q K^T and dP = dO V^T for this warp's kSdpRows x kSdpCols.
       float acc_s[kSdpMT][kSdpNT][4];
@@ -322,11 +317,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // Mask (only blocks some row does not see whole), P, dS; both to shared memory.
       const bool needs_mask = !tile_fully_visible(m0, m0 + kBM - 1, n0, n0 + kBN - 1, seqlen_q,
                                                   seqlen_k, window_left, window_right);
+      const float* const lse_rows = lse_stats + q_stage * kBM;
+      const float* const d_rows = d_stats + q_stage * kBM;
 #pragma unroll
       for (int mt = 0; mt < kSdpMT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = sdp_row0 + mt * 16 + quad_row + h * 8;  // in the block
+          // The row's LSE in base 2 and D. Rows past seqlen_q and rows that saw
+          // no key in the forward (LSE -inf) get +inf: P = 2^(s - inf) = 0, never NaN.
+          const float lse = lse_rows[row];
+          const float lse_log2 =
+              m0 + row < seqlen_q && lse != -INFINITY ? lse * kLog2e : INFINITY;
+          const float row_d = d_rows[row];
           if (needs_mask) {
             const KeyRange keys =
                 visible_keys(m0 + row, seqlen_q, seqlen_k, window_left, window_right);
@@ -342,8 +345,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             float prob[2], dscore[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              prob[i] = fast_exp2(fmaf(acc_s[mt][n][h * 2 + i], scale_log2, -row_lse_log2[mt][h]));
-              dscore[i] = prob[i] * (acc_dp[mt][n][h * 2 + i] - row_d[mt][h]);
+              prob[i] = fast_exp2(fmaf(acc_s[mt][n][h * 2 + i], scale_log2, -lse_log2));
+              dscore[i] = prob[i] * (acc_dp[mt][n][h * 2 + i] - row_d);
             }
             const int col = sdp_col0 + n * 8 + quad_col * 2;
             *reinterpret_cast<uint32_t*>(p_tile + row * kPStride + col) =
@@ -367,7 +370,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           acc_dk, ds_smem + kv_a_lane, q_cur + kv_b_lane);
       if constexpr (Tr::kQStages == 1) {
         __syncthreads();  // every warp is done with Q[j]
-        if (j + 1 < steps) load_q(j + 1, q_smem);
+        if (j + 1 < steps) load_q(j + 1, 0);
         cp_async_commit();
       }
 

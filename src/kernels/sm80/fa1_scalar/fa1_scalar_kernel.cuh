@@ -46,18 +46,19 @@ constexpr int kBlockK = 32;
 using PaddedHeadDims = HeadDimList<32, 64, 128>;
 constexpr int kMaxHeadDim = PaddedHeadDims::kMax;
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+// Host and device (the backward's per-thread code also runs on the host in a CPU test).
+__host__ __device__ __forceinline__ float to_float(float x) { return x; }
+__host__ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__host__ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <typename T>
-__device__ __forceinline__ T from_float(float x);
+__host__ __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__host__ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__host__ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+__host__ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 

@@ -1,0 +1,49 @@
+// fa1_scalar backward: FlashAttention-2's backward in plain float32 scalar code,
+// three kernels (D = rowsum(dout * out); dK/dV one thread per key row; dQ one
+// thread per query row), deterministic, no atomics. The kernels and their
+// limits: fa1_scalar_backward_kernel.cuh. These are the KernelVariant hooks
+// that fa1_scalar.cu registers.
+#include <stdexcept>
+
+#include "fa1_scalar_backward_kernel.cuh"
+
+namespace flashlab {
+namespace fa1_scalar {
+
+std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
+  // The forward's limits (head_dim <= 128; heads and batch within grid y/z,
+  // which also bounds kv_heads <= heads) are the backward's.
+  return unsupported_reason(params);
+}
+
+size_t backward_workspace_bytes(const AttentionBackwardParams& params) {
+  if (params.batch <= 0 || params.heads <= 0) return 0;
+  // The largest lse index plus one: rows per (batch, head) are seqlen_q, or
+  // for a variable-length batch (lse (heads, total_q), batch stride 0) every
+  // packed row.
+  const int64_t rows = params.is_varlen() ? params.total_rows_q : params.seqlen_q;
+  const int64_t elements = (params.batch - 1) * params.lse_batch_stride +
+                           (params.heads - 1) * params.lse_head_stride + rows;
+  return sizeof(float) * static_cast<size_t>(elements > 0 ? elements : 0);
+}
+
+void backward_launch(const AttentionBackwardParams& params) {
+  const size_t needed = backward_workspace_bytes(params);
+  if (needed > 0 && (params.workspace == nullptr || params.workspace_bytes < needed))
+    throw std::invalid_argument("fa1_scalar backward needs a workspace of " +
+                                std::to_string(needed) + " bytes (softmax_d); got " +
+                                std::to_string(params.workspace_bytes));
+  // softmax_d is carved from the workspace on this copy of the block; dq_accum
+  // stays null (every dQ element is summed by one thread).
+  AttentionBackwardParams own = params;
+  own.softmax_d = static_cast<float*>(params.workspace);
+  own.dq_accum = nullptr;
+  switch (own.dtype) {
+    case DataType::float32: return backward_launch_with_element<float>(own);
+    case DataType::float16: return backward_launch_with_element<__half>(own);
+    case DataType::bfloat16: return backward_launch_with_element<__nv_bfloat16>(own);
+  }
+}
+
+}  // namespace fa1_scalar
+}  // namespace flashlab

@@ -91,16 +91,19 @@ CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_r
   return map;
 }
 
-int multiprocessor_count() {
+DeviceLimits device_limits() {
   static std::mutex mutex;
-  static std::map<int, int> count_of_device;
+  static std::map<int, DeviceLimits> limits_of_device;
   int device = 0;
   FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
-  auto [entry, added] = count_of_device.try_emplace(device, 0);
-  if (added)
+  auto [entry, added] = limits_of_device.try_emplace(device);
+  if (added) {
+    FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&entry->second.multiprocessors,
+                                               cudaDevAttrMultiProcessorCount, device));
     FLASHLAB_CUDA_CHECK(
-        cudaDeviceGetAttribute(&entry->second, cudaDevAttrMultiProcessorCount, device));
+        cudaDeviceGetAttribute(&entry->second.l2_bytes, cudaDevAttrL2CacheSize, device));
+  }
   return entry->second;
 }
 

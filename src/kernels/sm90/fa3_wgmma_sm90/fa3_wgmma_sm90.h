@@ -70,7 +70,11 @@ enum class Operand { q, k, v };
 CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows);
 // Per device, asked once: the launch path stays short because the benchmark's
 // events time it too.
-int multiprocessor_count();
+struct DeviceLimits {
+  int multiprocessors = 0;
+  int l2_bytes = 0;
+};
+DeviceLimits device_limits();
 void allow_shared_memory(const void* kernel, int bytes);
 
 // Launches configuration Tr for params.dtype (fp16 or bf16), the traced

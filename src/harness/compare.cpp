@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/visible_keys.h"
+#include "json_text.h"
 
 namespace flashlab {
 namespace {
@@ -29,6 +30,23 @@ std::pair<int64_t, int64_t> visited_key_tiles(const TileContext& context, int64_
                    static_cast<int>(context.seqlen_k), context.window_left, context.window_right);
   if (keys.empty()) return {0, -1};
   return {keys.first / context.tiles.block_k, keys.last / context.tiles.block_k};
+}
+
+std::pair<int64_t, int64_t> visiting_query_tiles(const TileContext& context, int64_t key) {
+  if (context.tiles.block_q <= 0 || context.seqlen_q <= 0) return {0, -1};
+  // The rows that see `key`, by the kernels' own rule: one interval (the
+  // window moves right by one key per row).
+  int64_t first_row = -1, last_row = -1;
+  for (int64_t row = 0; row < context.seqlen_q; ++row) {
+    const KeyRange keys =
+        visible_keys(static_cast<int>(row), static_cast<int>(context.seqlen_q),
+                     static_cast<int>(context.seqlen_k), context.window_left, context.window_right);
+    if (!keys.contains(static_cast<int>(key))) continue;
+    if (first_row < 0) first_row = row;
+    last_row = row;
+  }
+  if (first_row < 0) return {0, -1};
+  return {first_row / context.tiles.block_q, last_row / context.tiles.block_q};
 }
 
 ComparisonReport compare_elementwise(const std::string& name, const at::Tensor& actual,
@@ -91,7 +109,18 @@ std::string ComparisonReport::format() const {
   if (max_abs_error > 0) text << "  largest error at " << position_text(max_abs_at) << "\n";
   if (first_bad) {
     text << "  first bad element " << position_text(*first_bad) << "\n";
-    if (context.tiles.block_q > 0) {
+    if (context.rows_are_keys && context.tiles.block_k > 0) {
+      const int64_t key_tile = first_bad->row / context.tiles.block_k;
+      text << "  it lies in key tile " << key_tile << " (keys " << key_tile * context.tiles.block_k
+           << ".." << (key_tile + 1) * context.tiles.block_k - 1 << ", block_k "
+           << context.tiles.block_k << ")";
+      const auto [first_tile, last_tile] = visiting_query_tiles(context, first_bad->row);
+      if (last_tile >= first_tile)
+        text << "; the rows that see this key lie in query tiles " << first_tile << ".."
+             << last_tile << " (block_q " << context.tiles.block_q << ")\n";
+      else
+        text << "; no query row sees this key (its gradient is 0)\n";
+    } else if (!context.rows_are_keys && context.tiles.block_q > 0) {
       const int64_t query_tile = first_bad->row / context.tiles.block_q;
       text << "  it lies in query tile " << query_tile << " (rows "
            << query_tile * context.tiles.block_q << ".."
@@ -119,9 +148,28 @@ std::string ComparisonReport::first_bad_json() const {
        << (std::isfinite(first_bad->actual) ? std::to_string(first_bad->actual) : "null")
        << ", \"expected\": "
        << (std::isfinite(first_bad->expected) ? std::to_string(first_bad->expected) : "null");
-  if (context.tiles.block_q > 0)
+  if (context.rows_are_keys && context.tiles.block_k > 0) {
+    text << ", \"key_tile\": " << first_bad->row / context.tiles.block_k;
+    const auto [first_tile, last_tile] = visiting_query_tiles(context, first_bad->row);
+    if (last_tile >= first_tile)
+      text << ", \"query_tiles\": [" << first_tile << ", " << last_tile << "]";
+  } else if (!context.rows_are_keys && context.tiles.block_q > 0) {
     text << ", \"query_tile\": " << first_bad->row / context.tiles.block_q;
+    const auto [first_tile, last_tile] = visited_key_tiles(context, first_bad->row);
+    if (last_tile >= first_tile)
+      text << ", \"key_tiles\": [" << first_tile << ", " << last_tile << "]";
+  }
   text << "}";
+  return text.str();
+}
+
+std::string ComparisonReport::to_json() const {
+  std::ostringstream text;
+  text << "{\"passed\": " << json::boolean(passed()) << ", \"max_abs_err\": "
+       << json::number(max_abs_error) << ", \"max_rel_err\": " << json::number(max_rel_error)
+       << ", \"tolerance\": " << json::number(tolerance) << ", \"over_tolerance\": "
+       << over_tolerance << ", \"nan_count\": " << nan_count << ", \"inf_count\": " << inf_count
+       << ", \"total\": " << total << ", \"first_bad\": " << first_bad_json() << "}";
   return text.str();
 }
 

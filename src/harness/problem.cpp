@@ -18,6 +18,7 @@
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/harness/random_inputs.h"
 #include "flashlab/harness/reference.h"
+#include "json_text.h"
 
 namespace flashlab {
 namespace {
@@ -26,22 +27,6 @@ double max_finite_abs_difference(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor difference = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
   const at::Tensor finite = difference.masked_select(at::isfinite(difference));
   return finite.numel() == 0 ? 0.0 : finite.max().item<double>();
-}
-
-std::string json_number(double value) {
-  if (!std::isfinite(value)) return "null";
-  std::ostringstream text;
-  text << std::setprecision(9) << value;
-  return text.str();
-}
-
-std::string json_string(const std::string& value) {
-  std::string quoted = "\"";
-  for (char c : value) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += c;
-  }
-  return quoted + "\"";
 }
 
 std::string join_lengths(const std::vector<int>& lengths) {
@@ -263,8 +248,9 @@ double fwd_atol(const at::Tensor& reference, at::ScalarType dtype) {
 }
 
 Tolerance tolerance_rule(const at::Tensor& reference, const at::Tensor& same_precision,
-                         double rounding_atol) {
+                         double rounding_atol, double same_precision_factor) {
   Tolerance tolerance;
+  tolerance.same_precision_factor = same_precision_factor;
   tolerance.same_precision_err = max_finite_abs_difference(same_precision, reference);
   tolerance.rounding_atol = rounding_atol;
   const at::Tensor finite = reference.masked_select(at::isfinite(reference));
@@ -367,17 +353,17 @@ std::string CheckResult::format() const {
 
 std::string CheckResult::to_json() const {
   std::ostringstream text;
-  text << "{\"passed\": " << (passed() ? "true" : "false") << ", \"kernel\": " << json_string(kernel)
-       << ", \"problem\": " << json_string(problem) << ", \"max_abs_err\": "
-       << json_number(out.max_abs_error) << ", \"ref_err\": " << json_number(ref_err)
-       << ", \"rounding_atol\": " << json_number(storage_err) << ", \"tolerance\": "
-       << json_number(out.tolerance) << ", \"over_tolerance\": " << out.over_tolerance
+  text << "{\"passed\": " << (passed() ? "true" : "false") << ", \"kernel\": " << json::string(kernel)
+       << ", \"problem\": " << json::string(problem) << ", \"max_abs_err\": "
+       << json::number(out.max_abs_error) << ", \"ref_err\": " << json::number(ref_err)
+       << ", \"rounding_atol\": " << json::number(storage_err) << ", \"tolerance\": "
+       << json::number(out.tolerance) << ", \"over_tolerance\": " << out.over_tolerance
        << ", \"nan_count\": " << out.nan_count << ", \"inf_count\": " << out.inf_count
        << ", \"first_bad\": " << out.first_bad_json() << ", \"lse_passed\": "
        << (lse.passed() ? "true" : "false") << ", \"lse_max_abs_err\": "
-       << json_number(lse.max_abs_error) << ", \"lse_first_bad\": " << lse.first_bad_json()
+       << json::number(lse.max_abs_error) << ", \"lse_first_bad\": " << lse.first_bad_json()
        << ", \"block_q\": " << tiles.block_q << ", \"block_k\": " << tiles.block_k
-       << ", \"kernel_ms\": " << (kernel_ms >= 0 ? json_number(kernel_ms) : "null") << "}";
+       << ", \"kernel_ms\": " << (kernel_ms >= 0 ? json::number(kernel_ms) : "null") << "}";
   return text.str();
 }
 

@@ -18,6 +18,10 @@ struct TileContext {
   TileShape tiles;  // the kernel's block sizes; zeros when unknown
   int64_t seqlen_q = 0, seqlen_k = 0;
   int window_left = -1, window_right = -1;
+  // The compared rows are keys (dk, dv: (batch, key, kv head, col)): a row's
+  // tile is row / block_k, and the report names the query tiles whose rows see
+  // that key. Otherwise rows are queries (out, lse, dq).
+  bool rows_are_keys = false;
 };
 
 struct ElementPosition {
@@ -43,6 +47,9 @@ struct ComparisonReport {
   bool passed() const { return over_tolerance == 0 && nan_count == 0 && inf_count == 0; }
   std::string format() const;  // multi-line, human readable
   std::string first_bad_json() const;  // JSON object or null
+  // {"passed", "max_abs_err", "max_rel_err", "tolerance", "over_tolerance",
+  // "nan_count", "inf_count", "total", "first_bad"}
+  std::string to_json() const;
 };
 
 // actual and expected: 4-D (batch, row, head, col), any dtype and device, same shape.
@@ -55,5 +62,8 @@ ComparisonReport compare_elementwise(const std::string& name, const at::Tensor& 
 
 // First and last key tile that query `row` of the context visits; last < first if none.
 std::pair<int64_t, int64_t> visited_key_tiles(const TileContext& context, int64_t row);
+// First and last query tile holding a row that sees key `key` (the query tiles
+// whose backward work touches that key's dk/dv); last < first if no row sees it.
+std::pair<int64_t, int64_t> visiting_query_tiles(const TileContext& context, int64_t key);
 
 }  // namespace flashlab

@@ -73,6 +73,10 @@ struct KernelVariant {
   std::string (*backward_unsupported_reason)(const AttentionBackwardParams& params) = nullptr;
   size_t (*backward_workspace_bytes)(const AttentionBackwardParams& params) = nullptr;
   void (*backward_launch)(const AttentionBackwardParams& params) = nullptr;
+  // The backward's tiles: block_q query rows per inner step, block_k key rows
+  // per thread block (the key block that owns dk and dv). The harness names
+  // them in dq/dk/dv reports; nullptr: it names the forward's tile_shape.
+  TileShape (*backward_tile_shape)(const AttentionBackwardParams& params) = nullptr;
 };
 
 const std::vector<KernelVariant>& registered_kernels();

@@ -95,10 +95,13 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
   return {gradients[0], gradients[1], gradients[2]};
 }
 
-ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-                                           const at::Tensor& cu_seqlens_k,
-                                           const ReferenceOptions& options) {
+namespace {
+
+// Calls visit(q_start, seqlen_q, k_start, seqlen_k) for every sequence of a
+// variable-length batch that has both queries and keys.
+template <class Visit>
+void for_each_sequence(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                       const Visit& visit) {
   TORCH_CHECK(cu_seqlens_q.dim() == 1 && cu_seqlens_q.sizes() == cu_seqlens_k.sizes(),
               "cu_seqlens_q and cu_seqlens_k must be 1-D of one length; got ", cu_seqlens_q.sizes(),
               " and ", cu_seqlens_k.sizes());
@@ -106,23 +109,62 @@ ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor
   const at::Tensor offsets_k = cu_seqlens_k.to(at::kCPU, at::kLong);
   const auto* starts_q = offsets_q.data_ptr<int64_t>();
   const auto* starts_k = offsets_k.data_ptr<int64_t>();
+  for (int64_t sequence = 0; sequence + 1 < offsets_q.size(0); ++sequence) {
+    const int64_t q_start = starts_q[sequence], seqlen_q = starts_q[sequence + 1] - q_start;
+    const int64_t k_start = starts_k[sequence], seqlen_k = starts_k[sequence + 1] - k_start;
+    if (seqlen_q == 0 || seqlen_k == 0) continue;
+    visit(q_start, seqlen_q, k_start, seqlen_k);
+  }
+}
+
+}  // namespace
+
+ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                                           const at::Tensor& cu_seqlens_k,
+                                           const ReferenceOptions& options) {
   const int64_t heads = q.size(1), head_dim = q.size(2), total_q = q.size(0);
   const auto options_out = q.options().dtype(options.compute_dtype);
   // Rows of empty query sequences do not exist; rows whose key sequence is
   // empty see no key, so the initial 0 / -inf are their final values.
   at::Tensor out = at::zeros({total_q, heads, head_dim}, options_out);
   at::Tensor lse = at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), options_out);
-  for (int64_t sequence = 0; sequence + 1 < offsets_q.size(0); ++sequence) {
-    const int64_t q_start = starts_q[sequence], seqlen_q = starts_q[sequence + 1] - q_start;
-    const int64_t k_start = starts_k[sequence], seqlen_k = starts_k[sequence + 1] - k_start;
-    if (seqlen_q == 0 || seqlen_k == 0) continue;
-    const ReferenceOutput one = reference_attention(
-        q.narrow(0, q_start, seqlen_q).unsqueeze(0), k.narrow(0, k_start, seqlen_k).unsqueeze(0),
-        v.narrow(0, k_start, seqlen_k).unsqueeze(0), options);
-    out.narrow(0, q_start, seqlen_q).copy_(one.out.squeeze(0));
-    lse.narrow(1, q_start, seqlen_q).copy_(one.lse.squeeze(0));
-  }
+  for_each_sequence(cu_seqlens_q, cu_seqlens_k,
+                    [&](int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+                      const ReferenceOutput one = reference_attention(
+                          q.narrow(0, q_start, seqlen_q).unsqueeze(0),
+                          k.narrow(0, k_start, seqlen_k).unsqueeze(0),
+                          v.narrow(0, k_start, seqlen_k).unsqueeze(0), options);
+                      out.narrow(0, q_start, seqlen_q).copy_(one.out.squeeze(0));
+                      lse.narrow(1, q_start, seqlen_q).copy_(one.lse.squeeze(0));
+                    });
   return {out, lse};
+}
+
+ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, const at::Tensor& k,
+                                                       const at::Tensor& v, const at::Tensor& dout,
+                                                       const at::Tensor& cu_seqlens_q,
+                                                       const at::Tensor& cu_seqlens_k,
+                                                       const ReferenceOptions& options) {
+  // Rows and keys of sequences that lack queries or keys keep gradient 0.
+  const auto zeros_like_in = [&](const at::Tensor& tensor) {
+    return at::zeros(tensor.sizes(), tensor.options().dtype(options.compute_dtype));
+  };
+  ReferenceGradients gradients{zeros_like_in(q), zeros_like_in(k), zeros_like_in(v)};
+  for_each_sequence(
+      cu_seqlens_q, cu_seqlens_k,
+      [&](int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+        const auto rows = [](const at::Tensor& tensor, int64_t start, int64_t length) {
+          return tensor.narrow(0, start, length).unsqueeze(0);
+        };
+        const ReferenceGradients one = reference_attention_backward(
+            rows(q, q_start, seqlen_q), rows(k, k_start, seqlen_k), rows(v, k_start, seqlen_k),
+            rows(dout, q_start, seqlen_q), options);
+        gradients.dq.narrow(0, q_start, seqlen_q).copy_(one.dq.squeeze(0));
+        gradients.dk.narrow(0, k_start, seqlen_k).copy_(one.dk.squeeze(0));
+        gradients.dv.narrow(0, k_start, seqlen_k).copy_(one.dv.squeeze(0));
+      });
+  return gradients;
 }
 
 }  // namespace flashlab

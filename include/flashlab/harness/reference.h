@@ -46,6 +46,16 @@ ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& cu_seqlens_k,
                                            const ReferenceOptions& options);
 
+// reference_attention_backward for a variable-length batch, one sequence at a
+// time: q, dout (total_q, H, D); k, v (total_k, Hkv, D). Rows of a query
+// sequence whose key sequence is empty, and keys of a sequence without
+// queries, have gradient 0.
+ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, const at::Tensor& k,
+                                                       const at::Tensor& v, const at::Tensor& dout,
+                                                       const at::Tensor& cu_seqlens_q,
+                                                       const at::Tensor& cu_seqlens_k,
+                                                       const ReferenceOptions& options);
+
 // (Sq, Sk) boolean: true where key j is visible from query i.
 at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, int window_right,
                            at::Device device);

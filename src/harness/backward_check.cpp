@@ -1,0 +1,293 @@
+#include "flashlab/harness/backward_check.h"
+
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+#include "flashlab/cuda_check.h"
+#include "flashlab/harness/dev_kernels.h"
+#include "flashlab/harness/event_timer.h"
+#include "flashlab/harness/random_inputs.h"
+#include "json_text.h"
+
+namespace flashlab {
+namespace {
+
+// Tensors of the right shapes and no values for what the caller left undefined.
+ForwardOutputs shaped_outputs(const ProblemSpec& spec, const ProblemInputs& inputs,
+                              const ForwardOutputs& outputs) {
+  if (outputs.out.defined() && outputs.lse.defined()) return outputs;
+  const std::vector<int64_t> lse_shape =
+      spec.is_varlen() ? std::vector<int64_t>{spec.heads, inputs.q.size(0)}
+                       : std::vector<int64_t>{inputs.q.size(0), spec.heads, inputs.q.size(1)};
+  return {at::empty(inputs.q.sizes(), inputs.q.options().memory_format(at::MemoryFormat::Contiguous)),
+          at::empty(lse_shape, inputs.q.options().dtype(at::kFloat))};
+}
+
+std::string tolerance_text(const Tolerance& tolerance, const char* rule) {
+  std::ostringstream text;
+  text << std::setprecision(4) << "torch same-precision error " << tolerance.same_precision_err
+       << ", rounding atol " << tolerance.rounding_atol << ", float32 floor "
+       << tolerance.float32_floor << " -> tolerance " << tolerance.bound() << " ("
+       << tolerance.same_precision_factor << " x same-precision error + " << rule
+       << " + 4 float32 ulps)";
+  return text.str();
+}
+
+std::string tensor_json(const ComparisonReport& report, const Tolerance& tolerance) {
+  std::string text = report.to_json();
+  text.pop_back();  // the closing brace: the tolerance's terms follow
+  std::ostringstream terms;
+  terms << ", \"same_precision_err\": " << json::number(tolerance.same_precision_err)
+        << ", \"same_precision_factor\": " << json::number(tolerance.same_precision_factor)
+        << ", \"rounding_atol\": " << json::number(tolerance.rounding_atol)
+        << ", \"float32_floor\": " << json::number(tolerance.float32_floor) << "}";
+  return text + terms.str();
+}
+
+}  // namespace
+
+uint64_t dout_seed(uint64_t seed) {
+  // Q, K and V are one MT19937 stream from `seed`; dout is another stream.
+  return seed ^ 0x5DEECE66DULL;
+}
+
+at::Tensor make_dout(const ProblemSpec& spec, const ProblemInputs& inputs) {
+  return mt19937_normal(inputs.q.sizes(), dout_seed(spec.seed), inputs.q.device()).to(spec.dtype);
+}
+
+BackwardOptions backward_options(const ProblemSpec& spec, bool deterministic) {
+  BackwardOptions options;
+  static_cast<AttentionOptions&>(options) = spec.attention_options();
+  options.deterministic = deterministic;
+  return options;
+}
+
+AttentionBackwardParams backward_params(const ProblemSpec& spec, const ProblemInputs& inputs,
+                                        const ForwardOutputs& outputs, const at::Tensor& dout,
+                                        const Gradients& gradients, bool deterministic) {
+  const ForwardOutputs forward = shaped_outputs(spec, inputs, outputs);
+  const at::Tensor upstream = dout.defined() ? dout : at::empty_like(forward.out);
+  const BackwardOptions options = backward_options(spec, deterministic);
+  AttentionBackwardParams params =
+      spec.is_varlen()
+          ? make_varlen_backward_params(upstream, inputs.q, inputs.k, inputs.v, forward.out,
+                                        forward.lse, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
+                                        inputs.max_seqlen_q, inputs.max_seqlen_k, gradients.dq,
+                                        gradients.dk, gradients.dv, options)
+          : make_backward_params(upstream, inputs.q, inputs.k, inputs.v, forward.out, forward.lse,
+                                 gradients.dq, gradients.dk, gradients.dv, options);
+  params.deterministic = deterministic;
+  return params;
+}
+
+std::string backward_unsupported_reason(const KernelVariant& kernel, const ProblemSpec& spec,
+                                        int compute_capability) {
+  // The check runs the kernel's own forward first.
+  std::string reason = unsupported_reason(kernel, spec, compute_capability);
+  if (!reason.empty()) return reason;
+  if (kernel.backward_launch == nullptr) return kernel.name + " has no backward pass";
+  if (kernel.backward_unsupported_reason == nullptr) return {};
+  ProblemSpec shape_only = spec;
+  if (!spec.is_varlen()) shape_only.batch = 1;  // support does not depend on the batch count
+  const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
+  AttentionBackwardParams params = backward_params(shape_only, inputs);
+  if (!spec.is_varlen()) params.batch = spec.batch;
+  params.device_compute_capability = compute_capability;
+  return kernel.backward_unsupported_reason(params);
+}
+
+const KernelVariant& resolve_backward_kernel(const ProblemSpec& spec, const ProblemInputs& inputs) {
+  const KernelVariant* kernel = nullptr;
+  if (spec.kernel != "auto" && find_kernel(spec.kernel) == nullptr) {
+    // Developer kernels by name.
+    kernel = find_any_kernel(spec.kernel);
+    TORCH_CHECK(kernel != nullptr, "unknown kernel '", spec.kernel,
+                "'; registered: ", registered_kernel_names());
+  } else {
+    kernel = &select_backward_kernel(backward_params(spec, inputs), spec.kernel);
+  }
+  const int compute_capability = forward_params(spec, inputs).device_compute_capability;
+  const std::string reason = backward_unsupported_reason(*kernel, spec, compute_capability);
+  TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run the forward and backward of ",
+              spec.describe(), ": ", reason);
+  return *kernel;
+}
+
+Gradients poisoned_gradients(const ProblemSpec& spec, const ProblemInputs& inputs) {
+  const at::TensorOptions options = inputs.q.options();
+  if (spec.layout != Layout::packed_qkv)
+    return {poisoned(inputs.q.sizes(), options), poisoned(inputs.k.sizes(), options),
+            poisoned(inputs.v.sizes(), options)};
+  // (..., H + 2*HKV, D), split along the head axis like the inputs.
+  std::vector<int64_t> packed_shape = inputs.q.sizes().vec();
+  const int64_t head_axis = inputs.q.dim() - 2;
+  packed_shape[head_axis] = spec.heads + 2 * spec.kv_heads;
+  const at::Tensor packed = poisoned(packed_shape, options);
+  return {packed.narrow(head_axis, 0, spec.heads),
+          packed.narrow(head_axis, spec.heads, spec.kv_heads),
+          packed.narrow(head_axis, spec.heads + spec.kv_heads, spec.kv_heads)};
+}
+
+void run_backward(const KernelVariant& kernel, const ProblemSpec& spec, const ProblemInputs& inputs,
+                  const ForwardOutputs& outputs, const at::Tensor& dout, const Gradients& gradients,
+                  bool deterministic) {
+  run_backward_kernel(kernel,
+                      backward_params(spec, inputs, outputs, dout, gradients, deterministic));
+}
+
+BackwardReference reference_backward(const ProblemSpec& spec, const ProblemInputs& inputs,
+                                     const at::Tensor& dout, const AttentionParams& params) {
+  ReferenceOptions options;
+  options.softmax_scale = params.softmax_scale;
+  options.window_left = params.window_left;
+  options.window_right = params.window_right;
+  const auto run = [&] {
+    return spec.is_varlen()
+               ? reference_attention_varlen_backward(inputs.q, inputs.k, inputs.v, dout,
+                                                     inputs.cu_seqlens_q, inputs.cu_seqlens_k,
+                                                     options)
+               : reference_attention_backward(inputs.q, inputs.k, inputs.v, dout, options);
+  };
+  BackwardReference reference;
+  options.compute_dtype =
+      (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
+  reference.reference = run();
+  options.compute_dtype = spec.dtype;
+  reference.same_precision = run();
+  return reference;
+}
+
+BackwardTolerance backward_tolerance(const ProblemSpec& spec, const BackwardReference& reference) {
+  // flash-attn's tests hold gradients to 3x torch's same-precision error plus
+  // the forward's atol term, taken of each gradient.
+  const auto rule = [&](const at::Tensor& exact, const at::Tensor& same) {
+    return tolerance_rule(exact, same, fwd_atol(exact, spec.dtype), /*same_precision_factor=*/3);
+  };
+  const ReferenceGradients& exact = reference.reference;
+  const ReferenceGradients& same = reference.same_precision;
+  return {rule(exact.dq, same.dq), rule(exact.dk, same.dk), rule(exact.dv, same.dv)};
+}
+
+TileShape backward_tile_shape(const KernelVariant& kernel, const AttentionBackwardParams& params) {
+  return kernel.backward_tile_shape != nullptr ? kernel.backward_tile_shape(params)
+                                               : kernel.tile_shape(params);
+}
+
+TileContext key_tile_context(const ProblemSpec& spec, const AttentionParams& params,
+                             const TileShape& tiles) {
+  TileContext context = tile_context(spec, params, tiles);
+  context.rows_are_keys = true;
+  return context;
+}
+
+GradientComparison compare_backward(const ProblemSpec& spec, const AttentionParams& params,
+                                    const TileShape& tiles, const Gradients& gradients,
+                                    const BackwardReference& reference,
+                                    const BackwardTolerance& tolerance) {
+  const TileContext queries = tile_context(spec, params, tiles);
+  const TileContext keys = key_tile_context(spec, params, tiles);
+  const ReferenceGradients& exact = reference.reference;
+  return {compare_rows("dq", gradients.dq, exact.dq, tolerance.dq.bound(), queries),
+          compare_rows("dk", gradients.dk, exact.dk, tolerance.dk.bound(), keys),
+          compare_rows("dv", gradients.dv, exact.dv, tolerance.dv.bound(), keys)};
+}
+
+BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckOptions& options) {
+  const std::string unavailable = cuda_unavailable_reason();
+  TORCH_CHECK(unavailable.empty(), "check_backward needs a GPU: ", unavailable);
+  const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+  const KernelVariant& kernel = resolve_backward_kernel(spec, inputs);
+  const AttentionParams params = forward_params(spec, inputs);
+
+  // The kernel's own forward: its out and lse are what its backward is given.
+  const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
+  run_forward(kernel, spec, inputs, outputs);
+  const at::Tensor dout = make_dout(spec, inputs);
+  const Gradients gradients = poisoned_gradients(spec, inputs);
+  run_backward(kernel, spec, inputs, outputs, dout, gradients, options.deterministic);
+  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const ForwardReference forward_reference = reference_forward(spec, inputs, params);
+  const BackwardReference reference = reference_backward(spec, inputs, dout, params);
+
+  BackwardCheckResult result;
+  result.kernel = kernel.name;
+  result.problem = spec.describe();
+  result.dout_seed = dout_seed(spec.seed);
+  result.deterministic = options.deterministic;
+  result.tiles = kernel.tile_shape(params);
+  const AttentionBackwardParams backward =
+      backward_params(spec, inputs, outputs, dout, gradients, options.deterministic);
+  result.backward_tiles = backward_tile_shape(kernel, backward);
+  result.backward_tiles_known = kernel.backward_tile_shape != nullptr;
+  if (kernel.backward_workspace_bytes != nullptr)
+    result.workspace_bytes = static_cast<int64_t>(kernel.backward_workspace_bytes(backward));
+  result.forward_tolerance = forward_tolerance(spec, forward_reference);
+  result.backward_tolerance = backward_tolerance(spec, reference);
+  ForwardComparison forward = compare_forward(spec, params, result.tiles, outputs,
+                                              forward_reference, result.forward_tolerance);
+  GradientComparison gradient_reports = compare_backward(
+      spec, params, result.backward_tiles, gradients, reference, result.backward_tolerance);
+  result.out = std::move(forward.out);
+  result.lse = std::move(forward.lse);
+  result.dq = std::move(gradient_reports.dq);
+  result.dk = std::move(gradient_reports.dk);
+  result.dv = std::move(gradient_reports.dv);
+  if (options.timed_launches > 0) {
+    EventTimer timer;
+    result.forward_ms = timer.median_ms([&] { run_forward(kernel, spec, inputs, outputs); },
+                                        options.timed_launches);
+    result.backward_ms = timer.median_ms(
+        [&] { run_backward(kernel, spec, inputs, outputs, dout, gradients, options.deterministic); },
+        options.timed_launches);
+  }
+  return result;
+}
+
+std::string BackwardCheckResult::format() const {
+  std::ostringstream text;
+  text << std::setprecision(4);
+  text << "kernel  " << kernel << " (forward tiles " << tiles.block_q << "x" << tiles.block_k
+       << ", backward tiles " << backward_tiles.block_q << "x" << backward_tiles.block_k
+       << (backward_tiles_known ? "" : ": the forward's, the kernel has no backward_tile_shape")
+       << "), backward " << (deterministic ? "deterministic" : "default mode") << ", workspace "
+       << workspace_bytes << " bytes\n"
+       << "problem " << problem << "\n"
+       << "dout    normal(0, 1), MT19937 seed " << dout_seed << "\n"
+       << "out: " << tolerance_text(forward_tolerance.out, "flash-attn's fwd_atol") << "\n"
+       << out.format() << lse.format();
+  const std::pair<const ComparisonReport*, const Tolerance*> gradients[] = {
+      {&dq, &backward_tolerance.dq}, {&dk, &backward_tolerance.dk}, {&dv, &backward_tolerance.dv}};
+  for (const auto& [report, tolerance] : gradients)
+    text << report->name << ": " << tolerance_text(*tolerance, "the forward's atol of this gradient")
+         << "\n"
+         << report->format();
+  if (forward_ms >= 0) text << "forward time " << forward_ms << " ms, backward time " << backward_ms << " ms (medians)\n";
+  text << (passed() ? "PASSED" : "FAILED") << "\n";
+  return text.str();
+}
+
+std::string BackwardCheckResult::to_json() const {
+  std::ostringstream text;
+  const auto time = [](double ms) { return ms >= 0 ? json::number(ms) : std::string("null"); };
+  text << "{\"passed\": " << json::boolean(passed()) << ", \"kernel\": " << json::string(kernel)
+       << ", \"problem\": " << json::string(problem) << ", \"dout_seed\": " << dout_seed
+       << ", \"deterministic\": " << json::boolean(deterministic) << ", \"block_q\": "
+       << tiles.block_q << ", \"block_k\": " << tiles.block_k << ", \"backward_block_q\": "
+       << backward_tiles.block_q << ", \"backward_block_k\": " << backward_tiles.block_k
+       << ", \"workspace_bytes\": "
+       << workspace_bytes << ", \"forward_ms\": " << time(forward_ms) << ", \"backward_ms\": "
+       << time(backward_ms) << ", \"tensors\": {\"out\": "
+       << tensor_json(out, forward_tolerance.out) << ", \"lse\": "
+       << tensor_json(lse, forward_tolerance.lse) << ", \"dq\": "
+       << tensor_json(dq, backward_tolerance.dq) << ", \"dk\": "
+       << tensor_json(dk, backward_tolerance.dk) << ", \"dv\": "
+       << tensor_json(dv, backward_tolerance.dv) << "}}";
+  return text.str();
+}
+
+}  // namespace flashlab

@@ -1,0 +1,225 @@
+// The backward check's steps on the CPU (no kernel): torch's same-precision
+// gradients, standing in for a kernel, pass flash-attn's gradient rule;
+// poisoned gradients fail everywhere; a planted dk error is found at its key
+// row and named by key tile; packed-qkv gradients share one buffer; a kernel
+// without a backward, or whose backward rejects a case, is reported so.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cfloat>
+
+#include "flashlab/harness/backward_check.h"
+#include "flashlab/harness/problem.h"
+#include "test_support.h"
+
+namespace flashlab::testing {
+namespace {
+
+ProblemSpec fixed_length_spec() {
+  ProblemSpec spec;
+  spec.kernel = "fa1_scalar";
+  spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
+  spec.seqlen_q = 37, spec.seqlen_k = 53;
+  spec.head_dim = 40;
+  spec.dtype = at::kHalf;
+  spec.causal = true;
+  spec.seed = test_seed();
+  return spec;
+}
+
+ProblemSpec varlen_spec() {
+  ProblemSpec spec = fixed_length_spec();
+  spec.seqlens_q = {5, 0, 37, 1};
+  spec.seqlens_k = {11, 3, 53, 0};
+  return spec;
+}
+
+struct Steps {
+  ProblemInputs inputs;
+  at::Tensor dout;
+  AttentionParams params;
+  BackwardReference reference;
+  BackwardTolerance tolerance;
+};
+
+Steps run_steps(const ProblemSpec& spec) {
+  Steps steps;
+  steps.inputs = make_inputs(spec, at::kCPU);
+  steps.dout = make_dout(spec, steps.inputs);
+  steps.params = forward_params(spec, steps.inputs);
+  steps.reference = reference_backward(spec, steps.inputs, steps.dout, steps.params);
+  steps.tolerance = backward_tolerance(spec, steps.reference);
+  return steps;
+}
+
+// torch's own gradients in the input dtype, as a kernel would write them.
+Gradients same_precision_gradients(const Steps& steps) {
+  const ReferenceGradients& same = steps.reference.same_precision;
+  return {same.dq.contiguous(), same.dk.contiguous(), same.dv.contiguous()};
+}
+
+class BackwardSteps : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BackwardSteps, ComposeIntoFlashAttnGradientRule) {
+  const ProblemSpec problem = GetParam() ? varlen_spec() : fixed_length_spec();
+  SCOPED_TRACE(problem.describe());
+  const Steps steps = run_steps(problem);
+  const TileShape tiles{16, 32};
+
+  {
+    SCOPED_TRACE("dout is a seeded normal like q, apart from Q, K, V");
+    EXPECT_EQ(steps.dout.sizes(), steps.inputs.q.sizes());
+    EXPECT_EQ(steps.dout.scalar_type(), problem.dtype);
+    EXPECT_NE(dout_seed(problem.seed), problem.seed);
+    EXPECT_FALSE(at::equal(steps.dout, steps.inputs.q.contiguous()));
+    EXPECT_TRUE(at::equal(steps.dout, make_dout(problem, steps.inputs)));
+  }
+  {
+    SCOPED_TRACE("the tolerance is 3x torch's same-precision gradient error plus the forward's atol");
+    const ReferenceGradients& exact = steps.reference.reference;
+    const std::pair<const Tolerance*, const at::Tensor*> rules[] = {
+        {&steps.tolerance.dq, &exact.dq}, {&steps.tolerance.dk, &exact.dk}, {&steps.tolerance.dv, &exact.dv}};
+    for (const auto& [tolerance, reference] : rules) {
+      EXPECT_EQ(reference->scalar_type(), at::kFloat);
+      EXPECT_EQ(tolerance->same_precision_factor, 3);
+      EXPECT_EQ(tolerance->bound(), 3 * tolerance->same_precision_err + tolerance->rounding_atol +
+                                        tolerance->float32_floor);
+      EXPECT_GT(tolerance->same_precision_err, 0);  // fp16 autograd differs from float32 somewhere
+      EXPECT_DOUBLE_EQ(tolerance->rounding_atol, fwd_atol(*reference, problem.dtype));
+      EXPECT_DOUBLE_EQ(tolerance->float32_floor,
+                       4 * FLT_EPSILON * reference->abs().max().item<double>());
+    }
+  }
+  {
+    SCOPED_TRACE("torch's same-precision gradients, standing in for a kernel, pass");
+    const GradientComparison comparison =
+        compare_backward(problem, steps.params, tiles, same_precision_gradients(steps),
+                         steps.reference, steps.tolerance);
+    for (const ComparisonReport* report : {&comparison.dq, &comparison.dk, &comparison.dv}) {
+      EXPECT_TRUE(report->passed()) << report->format();
+      EXPECT_GT(report->max_abs_error, 0) << report->name;
+    }
+    EXPECT_EQ(comparison.dq.total, steps.inputs.q.numel());
+    EXPECT_EQ(comparison.dk.total, steps.inputs.k.numel());
+    EXPECT_FALSE(comparison.dq.context.rows_are_keys);
+    EXPECT_TRUE(comparison.dk.context.rows_are_keys);
+    EXPECT_TRUE(comparison.dv.context.rows_are_keys);
+  }
+  {
+    SCOPED_TRACE("poisoned gradients fail everywhere");
+    const Gradients poisoned = poisoned_gradients(problem, steps.inputs);
+    EXPECT_EQ(poisoned.dq.sizes(), steps.inputs.q.sizes());
+    EXPECT_EQ(poisoned.dk.sizes(), steps.inputs.k.sizes());
+    EXPECT_EQ(poisoned.dv.sizes(), steps.inputs.v.sizes());
+    const GradientComparison comparison = compare_backward(
+        problem, steps.params, tiles, poisoned, steps.reference, steps.tolerance);
+    for (const ComparisonReport* report : {&comparison.dq, &comparison.dk, &comparison.dv}) {
+      EXPECT_FALSE(report->passed());
+      EXPECT_EQ(report->nan_count, report->total) << report->name;
+    }
+  }
+  {
+    SCOPED_TRACE("one planted dk error is found at its key row");
+    Gradients gradients = same_precision_gradients(steps);
+    gradients.dk = gradients.dk.clone();
+    // Fixed length: batch 1, key 40, kv head 1, col 7. Varlen: key 40 of the
+    // third sequence, which starts at packed key row 11 + 3.
+    const int64_t key = problem.is_varlen() ? 14 + 40 : 40;
+    at::Tensor element = problem.is_varlen() ? gradients.dk[key][1][7] : gradients.dk[1][key][1][7];
+    element.add_(4 * steps.tolerance.dk.bound() + 0.01);
+    const GradientComparison comparison = compare_backward(
+        problem, steps.params, tiles, gradients, steps.reference, steps.tolerance);
+    EXPECT_TRUE(comparison.dq.passed());
+    EXPECT_TRUE(comparison.dv.passed());
+    ASSERT_FALSE(comparison.dk.passed());
+    EXPECT_EQ(comparison.dk.over_tolerance, 1);
+    ASSERT_TRUE(comparison.dk.first_bad.has_value());
+    EXPECT_EQ(comparison.dk.first_bad->batch, problem.is_varlen() ? 0 : 1);
+    EXPECT_EQ(comparison.dk.first_bad->row, key);
+    EXPECT_EQ(comparison.dk.first_bad->head, 1);
+    EXPECT_EQ(comparison.dk.first_bad->col, 7);
+    if (!problem.is_varlen()) {
+      // Causal, 37 queries over 53 keys: row i sees keys 0..i+16, so key 40
+      // is seen by rows 24..36, query tiles 1..2 of 16 rows; key tile 1 of 32.
+      const std::string text = comparison.dk.format();
+      EXPECT_NE(text.find("key tile 1 (keys 32..63, block_k 32)"), std::string::npos) << text;
+      EXPECT_NE(text.find("query tiles 1..2 (block_q 16)"), std::string::npos) << text;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(FixedLengthAndVarlen, BackwardSteps, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "varlen" : "fixed_length"; });
+
+TEST(BackwardCheckParts, PackedQkvGradientsShareOneBuffer) {
+  ProblemSpec spec = fixed_length_spec();
+  spec.seqlen_k = spec.seqlen_q;
+  spec.layout = Layout::packed_qkv;
+  const ProblemInputs inputs = make_inputs(spec, at::kCPU, /*random=*/false);
+  const Gradients gradients = poisoned_gradients(spec, inputs);
+  EXPECT_EQ(gradients.dq.sizes(), inputs.q.sizes());
+  EXPECT_EQ(gradients.dk.sizes(), inputs.k.sizes());
+  EXPECT_EQ(gradients.dq.strides(), inputs.q.strides());
+  EXPECT_EQ(gradients.dv.strides(), inputs.v.strides());
+  const auto* base = static_cast<const char*>(gradients.dq.data_ptr());
+  const int64_t element = gradients.dq.element_size();
+  EXPECT_EQ(static_cast<const char*>(gradients.dk.data_ptr()) - base, spec.heads * spec.head_dim * element);
+  EXPECT_EQ(static_cast<const char*>(gradients.dv.data_ptr()) - base,
+            (spec.heads + spec.kv_heads) * spec.head_dim * element);
+  EXPECT_TRUE(at::isnan(gradients.dv).all().item<bool>());
+}
+
+TEST(BackwardCheckParts, VarlenReferenceIsOneSequenceAtATime) {
+  // Sequence 1 has keys but no queries, sequence 3 queries but no keys: their
+  // gradients are 0. Sequence 2's equal the fixed-length reference's.
+  const ProblemSpec spec = varlen_spec();
+  const ProblemInputs inputs = make_inputs(spec, at::kCPU);
+  const at::Tensor dout = make_dout(spec, inputs);
+  ReferenceOptions options;
+  options.softmax_scale = 0.25;
+  options.window_right = 0;
+  const ReferenceGradients packed = reference_attention_varlen_backward(
+      inputs.q, inputs.k, inputs.v, dout, inputs.cu_seqlens_q, inputs.cu_seqlens_k, options);
+  EXPECT_EQ(packed.dk.narrow(0, 11, 3).abs().max().item<double>(), 0.0);
+  EXPECT_EQ(packed.dq.narrow(0, 42, 1).abs().max().item<double>(), 0.0);
+  const auto rows = [](const at::Tensor& tensor, int64_t start, int64_t length) {
+    return tensor.narrow(0, start, length).unsqueeze(0);
+  };
+  const ReferenceGradients alone = reference_attention_backward(
+      rows(inputs.q, 5, 37), rows(inputs.k, 14, 53), rows(inputs.v, 14, 53), rows(dout, 5, 37), options);
+  EXPECT_TRUE(at::equal(packed.dq.narrow(0, 5, 37), alone.dq.squeeze(0)));
+  EXPECT_TRUE(at::equal(packed.dk.narrow(0, 14, 53), alone.dk.squeeze(0)));
+  EXPECT_TRUE(at::equal(packed.dv.narrow(0, 14, 53), alone.dv.squeeze(0)));
+  EXPECT_GT(packed.dq.narrow(0, 5, 37).abs().max().item<double>(), 0.0);
+}
+
+// Stand-ins for a kernel's backward hooks.
+void no_launch(const AttentionBackwardParams&) {}
+std::string rejects_windows(const AttentionBackwardParams& params) {
+  return params.window_left >= 0 ? "backward takes no left window; got " + std::to_string(params.window_left)
+                                 : "";
+}
+
+TEST(BackwardCheckParts, UnsupportedReasonNamesTheMissingBackward) {
+  const KernelVariant* fa1 = find_kernel("fa1_scalar");
+  ASSERT_NE(fa1, nullptr);
+  KernelVariant kernel = *fa1;
+  kernel.name = "forward_only";
+  kernel.backward_launch = nullptr;
+  ProblemSpec spec = fixed_length_spec();
+  spec.kernel = kernel.name;
+  EXPECT_EQ(backward_unsupported_reason(kernel, spec), "forward_only has no backward pass");
+
+  kernel.backward_launch = no_launch;
+  kernel.backward_unsupported_reason = rejects_windows;
+  EXPECT_EQ(backward_unsupported_reason(kernel, spec), "");
+  spec.window_left = 17;
+  EXPECT_EQ(backward_unsupported_reason(kernel, spec), "backward takes no left window; got 17");
+  // The forward's reason comes first: the check runs the kernel's forward.
+  spec.head_dim = 4096;
+  EXPECT_EQ(backward_unsupported_reason(kernel, spec), unsupported_reason(kernel, spec));
+  EXPECT_FALSE(backward_unsupported_reason(kernel, spec).empty());
+}
+
+}  // namespace
+}  // namespace flashlab::testing

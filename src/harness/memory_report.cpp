@@ -2,11 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cstdio>
 #include <sstream>
 
 #include "flashlab/attention.h"
+#include "flashlab/harness/backward_check.h"
 #include "flashlab/harness/reference.h"
 
 namespace flashlab {
@@ -38,20 +40,25 @@ int64_t peak_bytes_during(const std::function<void()>& call) {
   return getDeviceStats(device).allocated_bytes[aggregate].peak - before;
 }
 
-std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vector<int>& seqlens) {
+std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vector<int>& seqlens,
+                                              const MemoryOptions& options) {
   std::vector<MemoryMeasurement> rows;
   for (const int seqlen : seqlens) {
     spec.seqlen_q = spec.seqlen_k = seqlen;
     const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
-    const KernelVariant& kernel = resolve_kernel(spec, inputs);
+    const KernelVariant& kernel =
+        options.backward ? resolve_backward_kernel(spec, inputs) : resolve_kernel(spec, inputs);
     const double scale = spec.softmax_scale.value_or(1.0 / std::sqrt(double(spec.head_dim)));
     // What attention_forward does: allocate out and lse, then run (the workspace, if any,
     // is allocated inside run_kernel).
-    const auto fused = [&] {
-      const at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
-      const at::Tensor lse = at::empty({spec.batch, spec.heads, seqlen}, inputs.q.options().dtype(at::kFloat));
-      run_kernel(kernel, forward_params(spec, inputs, out, lse));
+    const auto forward = [&] {
+      const ForwardOutputs outputs{
+          at::empty(inputs.q.sizes(), inputs.q.options()),
+          at::empty({spec.batch, spec.heads, seqlen}, inputs.q.options().dtype(at::kFloat))};
+      run_kernel(kernel, forward_params(spec, inputs, outputs.out, outputs.lse));
+      return outputs;
     };
+    const auto fused = [&] { forward(); };
     MemoryMeasurement row;
     row.seqlen = seqlen;
     row.kernel = kernel.name;
@@ -62,6 +69,36 @@ std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vecto
     naive_attention(inputs.q, inputs.k, inputs.v, scale, spec.causal);
     row.kernel_bytes = peak_bytes_during(fused);
     row.naive_bytes = peak_bytes_during([&] { naive_attention(inputs.q, inputs.k, inputs.v, scale, spec.causal); });
+    if (options.backward) {
+      const at::Tensor dout = make_dout(spec, inputs);
+      // A training step's attention: forward, then backward into fresh dq, dk,
+      // dv (what attention_backward allocates; its workspace comes inside).
+      const auto training = [&] {
+        const ForwardOutputs outputs = forward();
+        const Gradients gradients{at::empty(inputs.q.sizes(), inputs.q.options()),
+                                  at::empty(inputs.k.sizes(), inputs.k.options()),
+                                  at::empty(inputs.v.sizes(), inputs.v.options())};
+        run_backward(kernel, spec, inputs, outputs, dout, gradients, options.deterministic);
+      };
+      // The naive forward keeps its scores and probabilities for autograd's backward.
+      const auto naive_training = [&] {
+        const c10::AutoGradMode enable_grad(true);
+        const at::Tensor q = inputs.q.detach().requires_grad_(true);
+        const at::Tensor k = inputs.k.detach().requires_grad_(true);
+        const at::Tensor v = inputs.v.detach().requires_grad_(true);
+        const at::Tensor out = naive_attention(q, k, v, scale, spec.causal);
+        torch::autograd::grad({out}, {q, k, v}, {dout});
+      };
+      row.backward_workspace_bytes =
+          kernel.backward_workspace_bytes == nullptr
+              ? 0
+              : static_cast<int64_t>(kernel.backward_workspace_bytes(
+                    backward_params(spec, inputs, {}, dout, {}, options.deterministic)));
+      training();
+      naive_training();
+      row.training_bytes = peak_bytes_during(training);
+      row.naive_training_bytes = peak_bytes_during(naive_training);
+    }
     rows.push_back(row);
   }
   return rows;
@@ -81,6 +118,19 @@ std::string format_memory_table(const ProblemSpec& spec, const std::vector<Memor
     std::snprintf(line, sizeof line, "%8d %16lld %16lld %16lld %7.1f%%\n", row.seqlen,
                   static_cast<long long>(row.kernel_bytes), static_cast<long long>(row.workspace_bytes),
                   static_cast<long long>(row.naive_bytes), 100 * row.saving());
+    text << line;
+  }
+  if (rows.empty() || rows.front().training_bytes < 0) return text.str();
+  text << "forward + backward (dq, dk, dv and the backward's workspace on top of out and lse; "
+          "naive: torch autograd through matmul -> softmax -> matmul)\n";
+  std::snprintf(line, sizeof line, "%8s %16s %20s %16s %8s\n", "seqlen", "fused bytes",
+                "of which bwd workspace", "naive bytes", "saving");
+  text << line;
+  for (const auto& row : rows) {
+    std::snprintf(line, sizeof line, "%8d %16lld %20lld %16lld %7.1f%%\n", row.seqlen,
+                  static_cast<long long>(row.training_bytes),
+                  static_cast<long long>(row.backward_workspace_bytes),
+                  static_cast<long long>(row.naive_training_bytes), 100 * row.training_saving());
     text << line;
   }
   return text.str();

@@ -15,6 +15,7 @@
 
 #include "flashlab/kernel_registry.h"
 #include "flashlab/harness/arguments.h"
+#include "flashlab/harness/backward_check.h"
 #include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
@@ -30,6 +31,8 @@ struct Arguments {
   int repeat = 20;
   bool trace_tiles = false;
   bool memory = false;
+  bool backward = false;       // forward then backward: out, lse, dq, dk, dv
+  bool deterministic = false;  // BackwardOptions::deterministic
   std::vector<int> show_state;  // batch, head, row, key tile
 };
 
@@ -114,7 +117,14 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       .flag("--memory",
             "peak device memory of the kernel against naive attention at seqlens\n256, 1024, 4096 (the "
             "other sizes from the options)",
-            [&] { arguments.memory = true; });
+            [&] { arguments.memory = true; })
+      .flag("--backward",
+            "forward then backward (dout normal(0, 1) from the seed): reports out, lse,\ndq, dk, dv "
+            "against autograd through the reference (kernels with a\nbackward pass); with --memory, "
+            "forward + backward memory too",
+            [&] { arguments.backward = true; })
+      .flag("--deterministic", "with --backward: the deterministic backward (bitwise reproducible dq)",
+            [&] { arguments.deterministic = true; });
   if (parser.parse(argc, argv).help) {
     std::cout << parser.usage();
     return std::nullopt;
@@ -150,6 +160,10 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     throw ArgumentError("--layout packed-qkv needs --seqlen-q == --seqlen-k");
   if (!arguments.show_state.empty() && !arguments.trace_tiles)
     throw ArgumentError("--show-state goes with --trace-tiles");
+  if (arguments.deterministic && !arguments.backward)
+    throw ArgumentError("--deterministic goes with --backward");
+  if (arguments.backward && arguments.trace_tiles)
+    throw ArgumentError("--trace-tiles traces the forward's tile states; leave out --backward");
   return arguments;
 }
 
@@ -173,6 +187,27 @@ int run_tile_trace(const Arguments& arguments) {
   return report.matches() ? kExitPass : kExitMismatch;
 }
 
+// --backward: the kernel's forward, then its backward; out, lse, dq, dk, dv
+// against the reference. Exit codes as for the forward.
+int run_backward_check(const Arguments& arguments) {
+  flashlab::BackwardCheckResult result;
+  try {
+    flashlab::BackwardCheckOptions options;
+    options.deterministic = arguments.deterministic;
+    options.timed_launches = arguments.repeat;
+    result = flashlab::check_backward(arguments.spec, options);
+  } catch (const c10::Error& error) {
+    std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
+    return kExitBadArguments;
+  } catch (const std::exception& error) {
+    std::cerr << "flashlab-run: kernel run failed: " << error.what() << "\n";
+    return kExitMismatch;
+  }
+  std::cout << result.format();
+  if (arguments.json) std::cout << result.to_json() << "\n";
+  return result.passed() ? kExitPass : kExitMismatch;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -194,7 +229,9 @@ int main(int argc, char** argv) {
                 << " (developer kernels: --list-kernels)\n";
       return kExitBadArguments;
     }
-    const std::string reason = flashlab::unsupported_reason(*kernel, arguments.spec);
+    const std::string reason = arguments.backward
+                                   ? flashlab::backward_unsupported_reason(*kernel, arguments.spec)
+                                   : flashlab::unsupported_reason(*kernel, arguments.spec);
     if (!reason.empty()) {
       std::cerr << "flashlab-run: " << reason << "\n";
       return kExitBadArguments;
@@ -211,7 +248,10 @@ int main(int argc, char** argv) {
   try {
     if (arguments.trace_tiles) return run_tile_trace(arguments);
     if (arguments.memory) {
-      const auto rows = flashlab::measure_memory(arguments.spec, {256, 1024, 4096});
+      flashlab::MemoryOptions memory_options;
+      memory_options.backward = arguments.backward;
+      memory_options.deterministic = arguments.deterministic;
+      const auto rows = flashlab::measure_memory(arguments.spec, {256, 1024, 4096}, memory_options);
       std::cout << flashlab::format_memory_table(arguments.spec, rows);
       return kExitPass;
     }
@@ -219,6 +259,7 @@ int main(int argc, char** argv) {
     std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
     return kExitBadArguments;
   }
+  if (arguments.backward) return run_backward_check(arguments);
   flashlab::CheckResult result;
   try {
     flashlab::CheckOptions options;

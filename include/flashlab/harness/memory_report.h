@@ -18,13 +18,31 @@ struct MemoryMeasurement {
   int64_t workspace_bytes = 0;  // the kernel's workspace query (KernelVariant::workspace_bytes)
   int64_t naive_bytes = 0;   // the same for matmul -> softmax -> matmul in the input dtype
   double saving() const { return naive_bytes > 0 ? 1.0 - double(kernel_bytes) / naive_bytes : 0; }
+
+  // With MemoryOptions::backward: forward then backward (dq, dk, dv and the
+  // backward's workspace on top of out and lse), against the naive forward
+  // and torch autograd's backward through it (saved scores included). -1: not measured.
+  int64_t training_bytes = -1;
+  int64_t backward_workspace_bytes = -1;  // KernelVariant::backward_workspace_bytes
+  int64_t naive_training_bytes = -1;
+  double training_saving() const {
+    return naive_training_bytes > 0 ? 1.0 - double(training_bytes) / naive_training_bytes : 0;
+  }
+};
+
+struct MemoryOptions {
+  bool backward = false;       // also measure forward + backward (the kernel must have a backward)
+  bool deterministic = false;  // the backward's mode (its workspace may differ)
 };
 
 // Peak allocated bytes above the inputs while `call` runs (torch's caching allocator statistics).
 int64_t peak_bytes_during(const std::function<void()>& call);
 
 // spec with seqlen_q = seqlen_k = each of `seqlens`.
-std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vector<int>& seqlens);
+std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vector<int>& seqlens,
+                                              const MemoryOptions& options = {});
+// The forward table; rows measured with MemoryOptions::backward add a second
+// table for forward + backward.
 std::string format_memory_table(const ProblemSpec& spec, const std::vector<MemoryMeasurement>& rows);
 
 }  // namespace flashlab

@@ -17,6 +17,9 @@ struct CoverageFloor {
   // Minimum cases per matrix (case_matrices()); -1: not set, which fails.
   int correctness = -1, head_dims = -1, sliding_window = -1, varlen = -1, large_scores = -1,
       properties = -1, sanitizer = -1;
+  // The backward matrices (0 for a kernel without a backward pass).
+  int backward = -1, backward_head_dims = -1, backward_sliding_window = -1, backward_varlen = -1,
+      backward_masked = -1, backward_determinism = -1;
   int compute_capability = 90;  // the device the counts are taken for
 
   int of(const std::string& matrix) const;  // -2 for a matrix without a field here

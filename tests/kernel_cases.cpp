@@ -6,6 +6,8 @@
 #include <sstream>
 #include <utility>
 
+#include "flashlab/harness/backward_check.h"
+
 namespace flashlab::testing {
 namespace {
 
@@ -21,16 +23,36 @@ std::string seqlen_label(int seqlen_q, int seqlen_k) {
 }
 
 // Adds the case as `<kernel>_<label>` when the kernel takes it on a device of
-// this compute capability (0: some device).
+// this compute capability (0: some device); a backward case when its forward
+// and backward both take it.
 void add_if_supported(std::vector<KernelCase>& cases, const KernelVariant& kernel,
-                      const std::string& label, ProblemSpec spec, int compute_capability) {
+                      const std::string& label, ProblemSpec spec, int compute_capability,
+                      bool backward = false, int runs = 0) {
   spec.kernel = kernel.name;
-  if (!unsupported_reason(kernel, spec, compute_capability).empty()) return;
+  const std::string reason = backward ? backward_unsupported_reason(kernel, spec, compute_capability)
+                                      : unsupported_reason(kernel, spec, compute_capability);
+  if (!reason.empty()) return;
   KernelCase kernel_case;
   kernel_case.name = kernel.name + "_" + label;
   kernel_case.kernel = kernel.name;
   kernel_case.spec = std::move(spec);
+  kernel_case.backward = backward;
+  kernel_case.runs = runs;
   cases.push_back(std::move(kernel_case));
+}
+
+void add_if_backward_supported(std::vector<KernelCase>& cases, const KernelVariant& kernel,
+                               const std::string& label, ProblemSpec spec, int compute_capability,
+                               int runs = 0) {
+  add_if_supported(cases, kernel, label, std::move(spec), compute_capability, /*backward=*/true, runs);
+}
+
+std::string masks_label(const ProblemSpec& spec) {
+  return std::string(spec.causal ? "_causal" : "") +
+         (spec.window_left >= 0 || spec.window_right >= 0
+              ? window_label(spec.window_left, spec.window_right)
+              : "") +
+         (spec.layout == Layout::packed_qkv ? "_packed" : "");
 }
 
 struct Lengths {
@@ -348,12 +370,220 @@ std::vector<KernelCase> sanitizer_cases(int compute_capability, const Kernels& k
   return cases;
 }
 
+// The backward matrices cover each property once or twice instead of the
+// forward's full products: a backward check costs a forward, a backward and
+// two autograd references, and the whole GPU ctest has to stay under 5 minutes.
+
+std::vector<KernelCase> backward_correctness_cases(int compute_capability, const Kernels& kernels) {
+  const std::vector<SeqlenPair> seqlens = {{1, 1},     {7, 7},      {113, 113},   {1023, 1023},
+                                           {1, 113},   {113, 1023}, {1023, 113},  {7, 1023}};
+  const at::ScalarType dtypes[] = {at::kHalf, at::kBFloat16};
+  const int kv_heads_cycle[] = {8, 2, 1};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    for (size_t index = 0; index < seqlens.size(); ++index)
+      for (const bool causal : {false, true}) {
+        // Every (seqlens, causal) pair once in bshd; dtype and kv heads cycle
+        // so that each meets both masks and several lengths. Equal lengths
+        // once more in packed-qkv, with the other dtype and the next kv heads.
+        const auto [seqlen_q, seqlen_k] = seqlens[index];
+        const size_t step = 2 * index + (causal ? 1 : 0);
+        for (const Layout layout : {Layout::bshd, Layout::packed_qkv}) {
+          const bool packed = layout == Layout::packed_qkv;
+          if (packed && seqlen_q != seqlen_k) continue;
+          ProblemSpec spec;
+          spec.batch = 2, spec.heads = 8;
+          spec.kv_heads = kv_heads_cycle[(step + (packed ? 1 : 0)) % 3];
+          spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
+          spec.head_dim = 64;
+          spec.dtype = dtypes[(index + (causal ? 1 : 0) + (packed ? 1 : 0)) % 2];
+          spec.causal = causal;
+          spec.layout = layout;
+          add_if_backward_supported(cases, kernel,
+                                    std::string(dtype_label(spec.dtype)) +
+                                        seqlen_label(seqlen_q, seqlen_k) + "_kv" +
+                                        std::to_string(spec.kv_heads) + masks_label(spec),
+                                    spec, compute_capability);
+        }
+      }
+    // float32 (fa1_scalar's rung) on unequal lengths, with GQA.
+    for (const bool causal : {false, true}) {
+      ProblemSpec spec;
+      spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
+      spec.seqlen_q = 113, spec.seqlen_k = 1023;
+      spec.head_dim = 64;
+      spec.dtype = at::kFloat;
+      spec.causal = causal;
+      add_if_backward_supported(cases, kernel, "fp32_q113_k1023_kv2" + masks_label(spec), spec,
+                                compute_capability);
+    }
+  }
+  return cases;
+}
+
+std::vector<KernelCase> backward_head_dim_cases(int compute_capability, const Kernels& kernels) {
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (size_t index = 0; index < probe_head_dims().size(); ++index)
+      for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+        ProblemSpec spec;
+        spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
+        spec.seqlen_q = 113, spec.seqlen_k = 300;
+        spec.head_dim = probe_head_dims()[index];
+        spec.dtype = dtype;
+        spec.causal = (index + (dtype == at::kHalf ? 0 : 1)) % 2 == 1;
+        add_if_backward_supported(cases, kernel,
+                                  std::string(dtype_label(dtype)) + "_d" +
+                                      std::to_string(spec.head_dim) + masks_label(spec),
+                                  spec, compute_capability);
+      }
+  return cases;
+}
+
+std::vector<KernelCase> backward_window_cases(int compute_capability, const Kernels& kernels) {
+  const std::vector<SeqlenPair> windows = {{64, 0}, {0, 0}, {17, 33}, {-1, 5}, {128, -1}};
+  const std::vector<SeqlenPair> seqlens = {{113, 1023}, {1023, 113}};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (size_t index = 0; index < windows.size(); ++index)
+      for (const auto& [seqlen_q, seqlen_k] : seqlens) {
+        ProblemSpec spec;
+        spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
+        spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
+        spec.head_dim = 64;
+        spec.dtype = (index + (seqlen_q < seqlen_k ? 0 : 1)) % 2 == 0 ? at::kHalf : at::kBFloat16;
+        spec.window_left = windows[index].first, spec.window_right = windows[index].second;
+        add_if_backward_supported(cases, kernel,
+                                  std::string(dtype_label(spec.dtype)) +
+                                      seqlen_label(seqlen_q, seqlen_k) + masks_label(spec),
+                                  spec, compute_capability);
+      }
+  return cases;
+}
+
+std::vector<KernelCase> backward_varlen_cases(int compute_capability, const Kernels& kernels) {
+  std::vector<KernelCase> cases;
+  const std::vector<Lengths>& lengths = varlen_lengths();
+  for (const auto& kernel : kernels) {
+    for (size_t index = 0; index < lengths.size(); ++index)
+      for (const bool causal : {false, true}) {
+        const at::ScalarType dtype = (index + (causal ? 1 : 0)) % 2 == 0 ? at::kHalf : at::kBFloat16;
+        const int kv_heads = index % 2 == 0 ? 8 : 2;
+        add_if_backward_supported(cases, kernel,
+                                  std::string(dtype_label(dtype)) + "_" + lengths[index].label +
+                                      "_kv" + std::to_string(kv_heads) + (causal ? "_causal" : ""),
+                                  varlen_spec(lengths[index], dtype, kv_heads, causal),
+                                  compute_capability);
+      }
+    // A window with MQA, the packed-qkv layout, the largest and smallest head dims.
+    const Lengths& unequal = lengths[1];
+    ProblemSpec window = varlen_spec(unequal, at::kHalf, 1, false);
+    window.window_left = 17, window.window_right = 33;
+    add_if_backward_supported(cases, kernel, "fp16_unequal_kv1" + masks_label(window), window,
+                              compute_capability);
+    ProblemSpec packed = varlen_spec(lengths[0], at::kBFloat16, 2, true);
+    packed.layout = Layout::packed_qkv;
+    add_if_backward_supported(cases, kernel, "bf16_mixed_kv2" + masks_label(packed), packed,
+                              compute_capability);
+    for (const int head_dim : {32, 128, 256}) {
+      ProblemSpec spec = varlen_spec(unequal, head_dim == 128 ? at::kHalf : at::kBFloat16, 2, true);
+      spec.head_dim = head_dim;
+      add_if_backward_supported(cases, kernel,
+                                std::string(dtype_label(spec.dtype)) + "_unequal_kv2_causal_d" +
+                                    std::to_string(head_dim),
+                                spec, compute_capability);
+    }
+  }
+  return cases;
+}
+
+std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kernels& kernels) {
+  struct Masked {
+    SeqlenPair seqlens;
+    bool causal;
+    int window_left, window_right;
+  };
+  // Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see no
+  // key. A short causal window on seqlen_q << seqlen_k: most keys are seen by
+  // no row. A (0, 0) window: each row sees one key (probability 1, dq 0).
+  const std::vector<Masked> shapes = {
+      {{1023, 113}, true, -1, -1}, {{113, 7}, true, -1, -1}, {{7, 1023}, true, 3, 0},
+      {{113, 300}, false, 0, 0},   {{300, 113}, false, 5, 0}};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    for (size_t index = 0; index < shapes.size(); ++index) {
+      const Masked& shape = shapes[index];
+      ProblemSpec spec;
+      spec.batch = 2, spec.heads = 8, spec.kv_heads = index % 2 == 0 ? 2 : 1;
+      spec.seqlen_q = shape.seqlens.first, spec.seqlen_k = shape.seqlens.second;
+      spec.head_dim = 64;
+      spec.dtype = index % 2 == 0 ? at::kHalf : at::kBFloat16;
+      spec.causal = shape.causal;
+      spec.window_left = shape.window_left, spec.window_right = shape.window_right;
+      add_if_backward_supported(cases, kernel,
+                                std::string(dtype_label(spec.dtype)) +
+                                    seqlen_label(spec.seqlen_q, spec.seqlen_k) + "_kv" +
+                                    std::to_string(spec.kv_heads) + masks_label(spec),
+                                spec, compute_capability);
+    }
+    // Sequences without keys (every row masked) and empty sequences.
+    for (const size_t index : {size_t{4}, size_t{3}}) {
+      const at::ScalarType dtype = index == 4 ? at::kBFloat16 : at::kHalf;
+      add_if_backward_supported(cases, kernel,
+                                std::string(dtype_label(dtype)) + "_varlen_" +
+                                    varlen_lengths()[index].label + "_causal",
+                                varlen_spec(varlen_lengths()[index], dtype, 2, true),
+                                compute_capability);
+    }
+  }
+  return cases;
+}
+
+std::vector<KernelCase> backward_determinism_cases(int compute_capability, const Kernels& kernels) {
+  // Many key blocks add into each dq row (seqlen_k 1023), and a query length
+  // that leaves a ragged last tile.
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    for (const auto dtype : {at::kHalf, at::kBFloat16}) {
+      ProblemSpec spec;
+      spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
+      spec.seqlen_q = 257, spec.seqlen_k = 1023;
+      spec.head_dim = 64;
+      spec.dtype = dtype;
+      add_if_backward_supported(cases, kernel,
+                                std::string(dtype_label(dtype)) + "_q257_k1023_kv2_runs50", spec,
+                                compute_capability, /*runs=*/50);
+    }
+    // Stress: batch 60 fills the GPU many times over, so blocks finish in
+    // every order.
+    // (513: a ragged last tile; the reference's float32 scores stay at 0.5 GB.)
+    ProblemSpec stress;
+    stress.batch = 60, stress.heads = 8, stress.kv_heads = 2;
+    stress.seqlen_q = stress.seqlen_k = 513;
+    stress.head_dim = 64;
+    stress.dtype = at::kBFloat16;
+    stress.causal = true;
+    add_if_backward_supported(cases, kernel, "bf16_b60_q513_k513_kv2_causal_runs10", stress,
+                              compute_capability, /*runs=*/10);
+  }
+  return cases;
+}
+
 const std::vector<CaseMatrix>& case_matrices() {
   static const std::vector<CaseMatrix> matrices = {
-      {"Correctness", correctness_cases}, {"HeadDims", head_dim_cases},
-      {"SlidingWindow", window_cases},    {"Varlen", varlen_cases},
-      {"LargeScores", large_score_cases}, {"Properties", property_cases},
+      {"Correctness", correctness_cases},
+      {"HeadDims", head_dim_cases},
+      {"SlidingWindow", window_cases},
+      {"Varlen", varlen_cases},
+      {"LargeScores", large_score_cases},
+      {"Properties", property_cases},
       {"Sanitizer", sanitizer_cases},
+      {"BackwardCorrectness", backward_correctness_cases},
+      {"BackwardHeadDims", backward_head_dim_cases},
+      {"BackwardSlidingWindow", backward_window_cases},
+      {"BackwardVarlen", backward_varlen_cases},
+      {"BackwardMasked", backward_masked_cases},
+      {"BackwardDeterminism", backward_determinism_cases},
   };
   return matrices;
 }

@@ -23,6 +23,11 @@ struct KernelCase {
   // A bound on the output's max abs error tighter than the pass rule, and why.
   std::optional<double> max_abs_error;
   std::string max_abs_error_reason;
+  // A backward case: the kernel runs its forward and backward on it
+  // (backward_unsupported_reason accepted it), checked with check_backward.
+  bool backward = false;
+  // Repeated-run properties (determinism): how many runs to compare.
+  int runs = 0;
 };
 void PrintTo(const KernelCase& kernel_case, std::ostream* stream);  // GoogleTest prints specs
 
@@ -49,11 +54,30 @@ std::vector<KernelCase> property_cases(int compute_capability = 0, const Kernels
 // shapes, each kernel meeting every shape; one fp32 and one varlen case where taken.
 std::vector<KernelCase> sanitizer_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 
+// The backward pass (check_backward; kernels with a backward that takes the
+// case, forward included). Each covers its properties without a full product:
+// seqlens 1, 7, 113, 1023 (equal and unequal) x causal, cycling dtype (fp16,
+// bf16), kv heads (8, 2, 1) and packed-qkv over them, head_dim 64; fp32 on two
+// shapes where taken
+std::vector<KernelCase> backward_correctness_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// every probed head dim, fp16 and bf16
+std::vector<KernelCase> backward_head_dim_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// sliding windows
+std::vector<KernelCase> backward_window_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// variable-length batches
+std::vector<KernelCase> backward_varlen_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// rows that see no key (gradient 0, never NaN) and keys that no row sees
+std::vector<KernelCase> backward_masked_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// bitwise determinism: one case per 16-bit dtype (50 runs) and a batch-60
+// stress case (10 runs); KernelCase::runs says how many
+std::vector<KernelCase> backward_determinism_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+
 struct CaseMatrix {
   std::string name;  // also the GoogleTest instantiation name
   CaseGenerator generate;
 };
-// Every matrix above, in that order (the coverage floors have one count each).
+// Every matrix above, forward then backward, in that order (the coverage
+// floors have one count each).
 const std::vector<CaseMatrix>& case_matrices();
 
 // Head dims the generators try; a kernel "takes" those its unsupported_reason accepts.

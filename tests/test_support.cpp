@@ -7,6 +7,8 @@
 #include <iostream>
 #include <random>
 
+#include "flashlab/harness/backward_check.h"
+
 namespace flashlab::testing {
 
 uint64_t test_seed() {
@@ -55,7 +57,9 @@ void KernelCaseTest::SetUp() {
   ASSERT_NE(kernel, nullptr) << kernel_case.kernel << " is not registered";
   // The generators kept only cases the kernel takes on some device; what is
   // left to ask is whether this device is one of them.
-  const std::string reason = unsupported_reason(*kernel, spec_, device_compute_capability());
+  const std::string reason =
+      kernel_case.backward ? backward_unsupported_reason(*kernel, spec_, device_compute_capability())
+                           : unsupported_reason(*kernel, spec_, device_compute_capability());
   if (!reason.empty()) GTEST_SKIP() << reason;
 }
 

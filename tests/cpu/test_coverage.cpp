@@ -67,6 +67,74 @@ TEST(CoverageFloors, CatchAKernelThatTurnsOverStrict) {
   EXPECT_GT(checked, 0);
 }
 
+// The same for the backward: a copy whose backward rejects single-row queries.
+std::string (*wrapped_backward_reason)(const AttentionBackwardParams&) = nullptr;
+std::string backward_rejects_single_row(const AttentionBackwardParams& params) {
+  if (params.seqlen_q == 1) return "backward rejects seqlen_q 1";
+  return wrapped_backward_reason == nullptr ? std::string() : wrapped_backward_reason(params);
+}
+
+TEST(CoverageFloors, CatchABackwardThatTurnsOverStrict) {
+  int checked = 0;
+  for (const auto& kernel : registered_kernels()) {
+    const CoverageFloor* floor = find_coverage_floor(kernel.name);
+    if (floor == nullptr || kernel.backward_launch == nullptr) continue;
+    KernelVariant strict = kernel;
+    wrapped_backward_reason = kernel.backward_unsupported_reason;
+    strict.backward_unsupported_reason = backward_rejects_single_row;
+    const std::vector<std::string> shortfalls = coverage_shortfalls(strict, *floor);
+    ASSERT_FALSE(shortfalls.empty()) << kernel.name << ": dropping backward seqlen_q 1 went unnoticed";
+    // The forward matrices keep their counts; the backward correctness matrix drops below.
+    EXPECT_NE(shortfalls.front().find("BackwardCorrectness"), std::string::npos) << shortfalls.front();
+    EXPECT_NE(shortfalls.front().find("below its floor"), std::string::npos) << shortfalls.front();
+    ++checked;
+  }
+  EXPECT_GT(checked, 0) << "no registered kernel has a backward pass";
+}
+
+TEST(KernelCases, BackwardCasesAreMarkedAndCoverTheIssuesMatrix) {
+  // Every backward matrix marks its cases; together they meet seqlens 1, 7,
+  // 113, 1023 (and unequal pairs), causal and not, kv heads 8/2/1, both
+  // layouts and both 16-bit dtypes for each kernel with a backward.
+  for (const auto& kernel : registered_kernels()) {
+    if (kernel.backward_launch == nullptr) continue;
+    std::set<int> seqlens, kv_heads;
+    std::set<std::string> seen;
+    bool unequal = false;
+    for (const auto& matrix : case_matrices()) {
+      if (matrix.name.rfind("Backward", 0) != 0) continue;
+      for (const auto& kernel_case : matrix.generate(0, {kernel})) {
+        EXPECT_TRUE(kernel_case.backward) << kernel_case.name;
+        const ProblemSpec& spec = kernel_case.spec;
+        if (!spec.is_varlen()) seqlens.insert({spec.seqlen_q, spec.seqlen_k});
+        unequal |= !spec.is_varlen() && spec.seqlen_q != spec.seqlen_k;
+        kv_heads.insert(spec.kv_heads);
+        seen.insert(dtype_label(spec.dtype));
+        seen.insert(spec.causal ? "causal" : "not causal");
+        seen.insert(spec.layout == Layout::packed_qkv ? "packed" : "bshd");
+        if (spec.window_left >= 0 || spec.window_right > 0) seen.insert("window");
+        if (spec.is_varlen()) seen.insert("varlen");
+      }
+    }
+    for (const int length : {1, 7, 113, 1023}) EXPECT_TRUE(seqlens.count(length)) << kernel.name << " seqlen " << length;
+    EXPECT_TRUE(unequal) << kernel.name;
+    EXPECT_EQ(kv_heads, (std::set<int>{1, 2, 8})) << kernel.name;
+    for (const char* property : {"fp16", "bf16", "causal", "not causal", "packed", "bshd", "window", "varlen"})
+      EXPECT_TRUE(seen.count(property)) << kernel.name << " has no backward case with " << property;
+  }
+  for (const auto& matrix : case_matrices())
+    if (matrix.name.rfind("Backward", 0) != 0)
+      for (const auto& kernel_case : matrix.generate(0, registered_kernels()))
+        EXPECT_FALSE(kernel_case.backward) << matrix.name << ": " << kernel_case.name;
+}
+
+TEST(KernelCases, BackwardDeterminismCasesSayHowManyRuns) {
+  for (const auto& kernel_case : backward_determinism_cases()) {
+    EXPECT_TRUE(kernel_case.runs == 50 || (kernel_case.spec.batch == 60 && kernel_case.runs >= 10))
+        << kernel_case.name << ": " << kernel_case.runs << " runs";
+  }
+}
+
 TEST(KernelCases, NamesAreUniqueIdentifiersPerMatrix) {
   const std::regex identifier("[A-Za-z0-9_]+");
   for (const auto& matrix : case_matrices()) {

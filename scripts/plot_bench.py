@@ -3,12 +3,15 @@
 
 Reads the Google Benchmark JSON that
     flashlab-bench --benchmark_out=bench.json --benchmark_out_format=json
-writes and draws one subplot per (head_dim, causal/full), seqlen on a log2
-axis, one line per implementation (registered kernels and sdpa_* backends).
+writes and draws one subplot per (direction, head_dim, causal/full), seqlen on a log2
+axis, one line per implementation (registered kernels, their deterministic
+backward "<kernel>(det)", and sdpa_* backends).
 
     python3 scripts/plot_bench.py bench.json -o bench.png
 
-Benchmark names look like d64/s4096/b8/h32/causal/fa2_mma_sm80/min_time:0.300/manual_time;
+Benchmark names look like d64/s4096/b8/h32/causal/fa2_mma_sm80/min_time:0.300/manual_time
+(forward) or bwd/d64/.../causal/fa2_mma_sm80(det)/... and fwdbwd/... (flashlab-bench
+--direction=bwd,fwdbwd; their TFLOP/s count 2.5x and 3.5x the forward's FLOPs);
 entries with error_occurred are skipped, aggregates (mean/median/stddev of
 repetitions) are ignored, and repetitions of one case are reduced to their median.
 Tooling only: needs matplotlib, never runs in the test loop.
@@ -21,13 +24,20 @@ import sys
 from collections import defaultdict
 
 MASKS = ("full", "causal")
+DIRECTIONS = ("fwd", "bwd", "fwdbwd")
+DIRECTION_TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 # Context keys that may name the GPU (flashlab-bench adds custom context entries).
 GPU_CONTEXT_KEYS = ("gpu", "gpu_name", "device", "device_name", "cuda_device")
 
 
 def parse_name(name):
-    """(head_dim, seqlen, mask, implementation) from a benchmark name, or None."""
+    """(direction, head_dim, seqlen, mask, implementation) from a benchmark name, or None.
+
+    Names without a leading direction are forward ones (as every forward name is)."""
     parts = name.split("/")
+    direction = "fwd"
+    if parts and parts[0] in DIRECTIONS:
+        direction, parts = parts[0], parts[1:]
     head_dim = seqlen = None
     for index, part in enumerate(parts):
         if re.fullmatch(r"d\d+", part):
@@ -37,12 +47,12 @@ def parse_name(name):
         elif part in MASKS and index + 1 < len(parts):
             if head_dim is None or seqlen is None:
                 return None
-            return head_dim, seqlen, part, parts[index + 1]
+            return direction, head_dim, seqlen, part, parts[index + 1]
     return None
 
 
 def load_results(path):
-    """{(head_dim, mask): {implementation: {seqlen: TFLOP/s}}} and the JSON context."""
+    """{(direction, head_dim, mask): {implementation: {seqlen: TFLOP/s}}} and the JSON context."""
     with open(path) as file:
         document = json.load(file)
     samples = defaultdict(list)
@@ -58,8 +68,8 @@ def load_results(path):
             continue
         samples[parsed].append(float(entry["TFLOPS"]))
     results = defaultdict(lambda: defaultdict(dict))
-    for (head_dim, seqlen, mask, implementation), values in samples.items():
-        results[(head_dim, mask)][implementation][seqlen] = statistics.median(values)
+    for (direction, head_dim, seqlen, mask, implementation), values in samples.items():
+        results[(direction, head_dim, mask)][implementation][seqlen] = statistics.median(values)
     if skipped:
         print(f"plot_bench: skipped {skipped} entries with errors", file=sys.stderr)
     return results, document.get("context", {})
@@ -72,13 +82,20 @@ def gpu_name(context):
     return None
 
 
-def title_for(context):
-    title = "flashlab-bench: forward TFLOP/s"
+def title_for(context, directions):
+    title = "flashlab-bench: " + ", ".join(DIRECTION_TITLES[d] for d in directions) + " TFLOP/s"
     gpu = gpu_name(context)
     if gpu:
         title += f" on {gpu}"
     details = [f"{key} {context[key]}" for key in ("torch_version", "date") if context.get(key)]
     return title + ("\n" + ", ".join(details) if details else "")
+
+
+def line_style(name):
+    """torch backends dashed, deterministic backward dash-dotted, kernels solid."""
+    if name.startswith("sdpa_"):
+        return "--"
+    return "-." if name.endswith("(det)") else "-"
 
 
 def plot(results, context, output):
@@ -87,20 +104,25 @@ def plot(results, context, output):
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    head_dims = sorted({head_dim for head_dim, _ in results})
-    masks = [mask for mask in MASKS if any(key[1] == mask for key in results)]
+    directions = [d for d in DIRECTIONS if any(key[0] == d for key in results)]
+    rows = sorted({(DIRECTIONS.index(d), head_dim) for d, head_dim, _ in results})
+    rows = [(DIRECTIONS[index], head_dim) for index, head_dim in rows]
+    masks = [mask for mask in MASKS if any(key[2] == mask for key in results)]
     implementations = sorted({name for lines in results.values() for name in lines},
                              key=lambda name: (name.startswith("sdpa_"), name))
+    # A kernel's deterministic backward shares its colour (dash-dotted).
+    base = lambda name: name[: -len("(det)")] if name.endswith("(det)") else name
+    bases = list(dict.fromkeys(base(name) for name in implementations))
     colors = plt.get_cmap("tab10")
-    color_of = {name: colors(index % 10) for index, name in enumerate(implementations)}
+    color_of = {name: colors(bases.index(base(name)) % 10) for name in implementations}
     peak = float(context.get("matmul_peak_tflops", 0) or 0)
 
-    figure, axes = plt.subplots(len(head_dims), len(masks), squeeze=False, sharey=True,
-                                figsize=(5.5 * len(masks), 3.8 * len(head_dims)))
-    for row, head_dim in enumerate(head_dims):
+    figure, axes = plt.subplots(len(rows), len(masks), squeeze=False, sharey=True,
+                                figsize=(5.5 * len(masks), 3.8 * len(rows)))
+    for row, (direction, head_dim) in enumerate(rows):
         for col, mask in enumerate(masks):
             axis = axes[row][col]
-            lines = results.get((head_dim, mask), {})
+            lines = results.get((direction, head_dim, mask), {})
             seqlens = sorted({seqlen for points in lines.values() for seqlen in points})
             for name in implementations:
                 points = lines.get(name)
@@ -108,26 +130,32 @@ def plot(results, context, output):
                     continue
                 xs = sorted(points)
                 axis.plot(xs, [points[x] for x in xs], marker="o", markersize=3, label=name,
-                          color=color_of[name], linestyle="--" if name.startswith("sdpa_") else "-")
+                          color=color_of[name], linestyle=line_style(name))
             if peak > 0:
                 axis.axhline(peak, color="grey", linestyle=":", linewidth=1)
             axis.set_xscale("log", base=2)
             if seqlens:
                 axis.set_xticks(seqlens)
                 axis.set_xticklabels([str(seqlen) for seqlen in seqlens], rotation=45)
-            axis.set_title(f"head_dim {head_dim}, {mask}")
+            axis.set_title(f"{DIRECTION_TITLES[direction]}, head_dim {head_dim}, {mask}"
+                           if len(directions) > 1 or direction != "fwd"
+                           else f"head_dim {head_dim}, {mask}")
             axis.set_xlabel("seqlen")
             if col == 0:
                 axis.set_ylabel("TFLOP/s")
             axis.grid(True, which="major", alpha=0.3)
-    handles = [plt.Line2D([], [], color=color_of[name],
-                          linestyle="--" if name.startswith("sdpa_") else "-", marker="o",
+    handles = [plt.Line2D([], [], color=color_of[name], linestyle=line_style(name), marker="o",
                           markersize=3, label=name) for name in implementations]
     if peak > 0:
         handles.append(plt.Line2D([], [], color="grey", linestyle=":",
                                   label=f"matmul peak {peak:.0f}"))
-    figure.suptitle(title_for(context))
-    figure.tight_layout()
+    figure.suptitle(title_for(context, directions))
+    # tight_layout leaves room for the two-line title on short figures; on tall
+    # ones (several directions) keep about 0.4 inch for it explicitly.
+    if len(rows) > 2:
+        figure.tight_layout(rect=(0, 0, 1, 1 - 0.4 / figure.get_figheight()))
+    else:
+        figure.tight_layout()
     # Below the subplots; bbox_inches="tight" grows the image to fit it.
     figure.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0), frameon=False,
                   ncol=min(len(handles), 3 * len(masks)))

@@ -7,6 +7,14 @@
 //   --head-dims=64,128  --seqlens=1024,4096,16384  --tokens=32768 (batch = tokens / seqlen)
 //   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=fp32|fp16|bf16  --causal=both|on|off
 //   --kernels=all|name,name  --backends=all|flash,cudnn,efficient,math|none
+//   --direction=fwd|bwd|fwdbwd (a list times each): bwd times the backward
+//     alone, given the forward's saved out and lse (each implementation's own
+//     forward, run once before timing); fwdbwd times forward then backward.
+//     FLOPs: 2.5x (bwd) and 3.5x (fwdbwd) the forward's. Every registered
+//     kernel with a backward runs in default mode and deterministic mode
+//     ("<kernel>(det)"); torch's FLASH and cuDNN backends through their own
+//     backward ops (at::_scaled_dot_product_{flash,cudnn}_attention_backward)
+//     on their own forward's outputs, same inputs and dout.
 // (flashlab-run's grammar: --name value or --name=value; bad values exit 2, see --help)
 //   --sweep: instead of the registered kernels and all SDPA backends, every
 //     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
@@ -40,17 +48,24 @@
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/kernel_registry.h"
 #include "flashlab/harness/arguments.h"
+#include "flashlab/harness/backward_check.h"
 #include "flashlab/harness/dev_kernels.h"
+#include "flashlab/harness/flops.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
 
 namespace {
 
+using flashlab::Direction;
 using flashlab::EventTimer;
 using flashlab::median;
 using flashlab::ProblemSpec;
 
 const std::vector<std::string> kBackends = {"flash", "cudnn", "efficient", "math"};
+// The torch backends with a backward op of their own that can be pinned.
+const std::vector<std::string> kBackwardBackends = {"flash", "cudnn"};
+// A registered kernel's backward in deterministic mode: "<kernel>(det)".
+const std::string kDeterministicSuffix = "(det)";
 
 struct BenchConfig {
   std::vector<int> head_dims = {64, 128};
@@ -63,6 +78,7 @@ struct BenchConfig {
   std::vector<std::string> backends = kBackends;
   bool backends_given = false;
   bool sweep = false;  // tuning_kernels() instead of registered_kernels()
+  std::vector<Direction> directions = {Direction::forward};
 };
 
 // Our flags; Google Benchmark's --benchmark_* flags are handed back in `passed_through`.
@@ -111,6 +127,16 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 }
                 config.backends_given = true;
               })
+      .option("--direction", "fwd|bwd|fwdbwd[,...]",
+              "forward, backward (given the forward's out and lse) or both in one\ntimed call; kernels "
+              "with a backward also run deterministic, as NAME(det);\ntorch: flash and cudnn "
+              "(default fwd)",
+              [&](const std::string& v) {
+                config.directions.clear();
+                for (const std::string& name : flashlab::parse_list("--direction", v))
+                  config.directions.push_back(
+                      flashlab::parse_choice("--direction", name, flashlab::direction_choices()));
+              })
       .flag("--sweep",
             "time every tuning configuration that takes the case (after a correctness\ncheck) against "
             "sdpa_flash, instead of the registered kernels",
@@ -129,13 +155,17 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
   if (kernels_given) flashlab::check_choices("--kernels", kernels, accepted);
   config.kernels = kernels;
   if (config.sweep && !config.backends_given) config.backends = {"flash"};
+  const bool backward = std::any_of(config.directions.begin(), config.directions.end(),
+                                    [](Direction d) { return d != Direction::forward; });
+  if (backward && config.sweep)
+    throw flashlab::ArgumentError("--sweep times forward tile configurations; give --direction=fwd");
+  if (backward && config.backends_given)
+    for (const auto& backend : config.backends)
+      if (std::find(kBackwardBackends.begin(), kBackwardBackends.end(), backend) == kBackwardBackends.end())
+        throw flashlab::ArgumentError("--backends " + backend +
+                                      " has no pinned backward op; --direction bwd and fwdbwd time "
+                                      "torch's flash and cudnn");
   return config;
-}
-
-double attention_flops(const ProblemSpec& spec) {
-  // Two matmuls of 2*Sq*Sk*D each; a causal square problem does half the work.
-  const double flops = 4.0 * spec.batch * spec.heads * spec.seqlen_q * spec.seqlen_k * spec.head_dim;
-  return spec.causal ? flops / 2 : flops;
 }
 
 // The bf16 matmul rate this GPU reaches now, the ceiling attention is measured against.
@@ -210,16 +240,28 @@ double matmul_peak_tflops = 0;
 struct CurrentInputs {
   std::string case_name;
   flashlab::ProblemInputs inputs;
+  at::Tensor dout;  // the upstream gradient of the backward directions
 } current;
 
-const flashlab::ProblemInputs& inputs_for(const std::string& case_name, const ProblemSpec& spec) {
+const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec& spec, Direction direction) {
   if (current.case_name != case_name) {
     current = {};
     c10::cuda::CUDACachingAllocator::emptyCache();
     current.inputs = flashlab::make_inputs(spec, at::Device(at::kCUDA, 0));
+    if (direction != Direction::forward) current.dout = flashlab::make_dout(spec, current.inputs);
     current.case_name = case_name;
   }
-  return current.inputs;
+  return current;
+}
+
+// "fa2_mma_sm80(det)" -> "fa2_mma_sm80", deterministic.
+std::string kernel_of(const std::string& implementation, bool* deterministic = nullptr) {
+  const size_t suffix = implementation.size() >= kDeterministicSuffix.size()
+                            ? implementation.size() - kDeterministicSuffix.size()
+                            : 0;
+  const bool det = implementation.compare(suffix, std::string::npos, kDeterministicSuffix) == 0;
+  if (deterministic) *deterministic = det;
+  return det ? implementation.substr(0, suffix) : implementation;
 }
 
 void pin_sdpa_backend(const std::string& backend) {
@@ -230,8 +272,80 @@ void pin_sdpa_backend(const std::string& backend) {
   context.setSDPUseMath(backend == "math");
 }
 
-std::function<void()> make_call(const std::string& implementation, const ProblemSpec& spec,
-                                const flashlab::ProblemInputs& inputs) {
+// torch's FLASH or cuDNN attention, pinned through its own forward and
+// backward ops (what autograd calls for scaled_dot_product_attention): the
+// forward runs once here for the backward's saved tensors.
+std::function<void()> make_torch_backward_call(const std::string& backend, Direction direction,
+                                               const ProblemSpec& spec, const CurrentInputs& current) {
+  const flashlab::ProblemInputs& inputs = current.inputs;
+  const at::Tensor q = inputs.q.transpose(1, 2), k = inputs.k.transpose(1, 2), v = inputs.v.transpose(1, 2);
+  const bool causal = spec.causal;
+  const std::optional<double> scale = spec.softmax_scale;
+  if (backend == "flash") {
+    const auto forward = [=] { return at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale); };
+    const auto saved = forward();
+    const at::Tensor out = std::get<0>(saved);
+    // dout laid out like out (the layout autograd hands the backward).
+    const at::Tensor dout = at::empty_like(out).copy_(current.dout.transpose(1, 2));
+    const auto backward = [=](const decltype(saved)& s) {
+      at::_scaled_dot_product_flash_attention_backward(
+          dout, q, k, v, std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s),
+          std::get<4>(s).guard_int(__FILE__, __LINE__), std::get<5>(s).guard_int(__FILE__, __LINE__), 0.0,
+          causal, std::get<6>(s), std::get<7>(s), scale);
+    };
+    if (direction == Direction::backward) return [=] { backward(saved); };
+    return [=] { backward(forward()); };
+  }
+  TORCH_CHECK(backend == "cudnn", "no pinned backward op for torch backend ", backend);
+  const auto forward = [=] {
+    return at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, /*compute_log_sumexp=*/true, 0.0,
+                                                   causal, false, scale);
+  };
+  const auto saved = forward();
+  const at::Tensor dout = at::empty_like(std::get<0>(saved)).copy_(current.dout.transpose(1, 2));
+  const auto backward = [=](const decltype(saved)& s) {
+    at::_scaled_dot_product_cudnn_attention_backward(
+        dout, q, k, v, std::get<0>(s), std::get<1>(s), std::get<6>(s), std::get<7>(s), at::Tensor(),
+        std::get<2>(s), std::get<3>(s), std::get<4>(s).guard_int(__FILE__, __LINE__),
+        std::get<5>(s).guard_int(__FILE__, __LINE__), 0.0, causal, scale);
+  };
+  if (direction == Direction::backward) return [=] { backward(saved); };
+  return [=] { backward(forward()); };
+}
+
+// A registered kernel's backward (default or deterministic) through the public
+// API, given its own forward's out and lse.
+std::function<void()> make_kernel_backward_call(const std::string& implementation, Direction direction,
+                                                const ProblemSpec& spec, const CurrentInputs& current) {
+  bool deterministic = false;
+  const std::string kernel = kernel_of(implementation, &deterministic);
+  const flashlab::ProblemInputs& inputs = current.inputs;
+  ProblemSpec named = spec;
+  named.kernel = kernel;
+  const flashlab::BackwardOptions options = flashlab::backward_options(named, deterministic);
+  const at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
+  const at::Tensor lse = at::empty({spec.batch, spec.heads, spec.seqlen_q}, inputs.q.options().dtype(at::kFloat));
+  const at::Tensor dq = at::empty(inputs.q.sizes(), inputs.q.options());
+  const at::Tensor dk = at::empty(inputs.k.sizes(), inputs.k.options());
+  const at::Tensor dv = at::empty(inputs.v.sizes(), inputs.v.options());
+  const at::Tensor dout = current.dout;
+  const auto forward = [=] { flashlab::attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, options); };
+  const auto backward = [=] {
+    flashlab::attention_backward_into(dout, inputs.q, inputs.k, inputs.v, out, lse, dq, dk, dv, options);
+  };
+  forward();  // the saved out and lse
+  if (direction == Direction::backward) return backward;
+  return [=] { forward(), backward(); };
+}
+
+std::function<void()> make_call(const std::string& implementation, Direction direction, const ProblemSpec& spec,
+                                const CurrentInputs& current) {
+  const flashlab::ProblemInputs& inputs = current.inputs;
+  if (direction != Direction::forward) {
+    if (implementation.rfind("sdpa_", 0) == 0)
+      return make_torch_backward_call(implementation.substr(5), direction, spec, current);
+    return make_kernel_backward_call(implementation, direction, spec, current);
+  }
   if (implementation.rfind("sdpa_", 0) == 0) {
     const std::string backend = implementation.substr(5);
     // SDPA wants (batch, heads, seqlen, head_dim): the same memory, transposed views.
@@ -256,7 +370,7 @@ std::function<void()> make_call(const std::string& implementation, const Problem
 }
 
 void run_benchmark(benchmark::State& state, const std::string& case_name,
-                   const std::string& implementation, const ProblemSpec& spec) {
+                   const std::string& implementation, Direction direction, const ProblemSpec& spec) {
   Measurement measurement{case_name, implementation};
   try {
     if (auto failed = failed_check.find(implementation); failed != failed_check.end())
@@ -266,8 +380,8 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
       const double score_bytes = 4.0 * spec.batch * spec.heads * spec.seqlen_q * double(spec.seqlen_k);
       if (score_bytes > 16e9) throw std::runtime_error("skipped: math backend would need > 16 GB of scores");
     }
-    const auto& inputs = inputs_for(case_name, spec);
-    const auto call = make_call(implementation, spec, inputs);
+    const auto& inputs = inputs_for(case_name, spec, direction);
+    const auto call = make_call(implementation, direction, spec, inputs);
     EventTimer timer;
     for (int warmup = 0; warmup < 3; ++warmup) call();
     FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -278,7 +392,7 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
       state.SetIterationTime(ms * 1e-3);
     }
     measurement.median_ms = median(times);
-    measurement.tflops = attention_flops(spec) / (measurement.median_ms * 1e-3) / 1e12;
+    measurement.tflops = flashlab::attention_flops(spec, direction) / (measurement.median_ms * 1e-3) / 1e12;
     state.counters["median_ms"] = measurement.median_ms;
     state.counters["TFLOPS"] = measurement.tflops;
     state.counters["peak_fraction"] = measurement.tflops / matmul_peak_tflops;
@@ -314,8 +428,11 @@ void print_summary(const BenchConfig& config) {
   }
   int width = 16;  // the implementation column fits the longest name (tuning names run to ~40)
   for (const auto& m : measurements) width = std::max(width, static_cast<int>(m.implementation.size()));
-  std::printf("%-44s %-*s %10s %9s %7s %9s %9s\n", "case", width, "implementation", "median ms", "TFLOP/s",
-              "% peak", "vs flash", "vs cudnn");
+  // Backward directions: the deterministic rows' time over the default mode's.
+  const bool backward = std::any_of(config.directions.begin(), config.directions.end(),
+                                    [](Direction d) { return d != Direction::forward; });
+  std::printf("%-44s %-*s %10s %9s %7s %9s %9s%s\n", "case", width, "implementation", "median ms", "TFLOP/s",
+              "% peak", "vs flash", "vs cudnn", backward ? "   det/def" : "");
   for (const auto& case_name : case_order) {
     const auto& row = by_case[case_name];
     auto reference_ms = [&](const char* name) -> double {
@@ -330,14 +447,25 @@ void print_summary(const BenchConfig& config) {
                     m.error.substr(0, config.sweep ? 200 : 90).c_str());
         continue;
       }
-      char flash_ratio[16] = "-", cudnn_ratio[16] = "-";
+      char flash_ratio[16] = "-", cudnn_ratio[16] = "-", det_ratio[24] = "";
       if (flash_ms > 0) std::snprintf(flash_ratio, sizeof flash_ratio, "%.2fx", flash_ms / m.median_ms);
       if (cudnn_ms > 0) std::snprintf(cudnn_ratio, sizeof cudnn_ratio, "%.2fx", cudnn_ms / m.median_ms);
-      std::printf("%-44s %-*s %10.3f %9.1f %6.1f%% %9s %9s\n", case_name.c_str(), width, m.implementation.c_str(),
-                  m.median_ms, m.tflops, 100 * m.tflops / matmul_peak_tflops, flash_ratio, cudnn_ratio);
+      if (backward) {
+        bool deterministic = false;
+        const std::string kernel = kernel_of(m.implementation, &deterministic);
+        const double default_ms = deterministic ? reference_ms(kernel.c_str()) : 0;
+        if (default_ms > 0) std::snprintf(det_ratio, sizeof det_ratio, " %9.2fx", m.median_ms / default_ms);
+        else std::snprintf(det_ratio, sizeof det_ratio, " %9s", "-");
+      }
+      std::printf("%-44s %-*s %10.3f %9.1f %6.1f%% %9s %9s%s\n", case_name.c_str(), width, m.implementation.c_str(),
+                  m.median_ms, m.tflops, 100 * m.tflops / matmul_peak_tflops, flash_ratio, cudnn_ratio, det_ratio);
     }
   }
   std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row)\n");
+  if (backward)
+    std::printf("bwd: the backward alone, given the forward's out and lse; fwdbwd: both in one timed call; "
+                "TFLOP/s count 2.5x / 3.5x the forward's FLOPs; det/def: a deterministic row's time over "
+                "its kernel's default mode\n");
 }
 
 }  // namespace
@@ -375,11 +503,28 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("matmul_peak_tflops", std::to_string(matmul_peak_tflops));
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
 
-  std::vector<std::string> implementations;
-  for (const auto& kernel : config.sweep ? flashlab::tuning_kernels() : flashlab::registered_kernels())
-    if (config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), kernel.name) != config.kernels.end())
+  std::string direction_names;
+  for (const Direction direction : config.directions)
+    direction_names += (direction_names.empty() ? "" : ",") + std::string(flashlab::direction_name(direction));
+  benchmark::AddCustomContext("directions", direction_names);
+
+  const auto selected = [&](const std::string& name) {
+    return config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), name) != config.kernels.end();
+  };
+  for (const Direction direction : config.directions) {
+    const bool forward = direction == Direction::forward;
+    // Forward: every selected kernel and backend. Backward directions: kernels
+    // with a backward, in default and deterministic mode, and torch's backends
+    // with a pinned backward op.
+    std::vector<std::string> implementations;
+    for (const auto& kernel : config.sweep ? flashlab::tuning_kernels() : flashlab::registered_kernels()) {
+      if (!selected(kernel.name) || (!forward && kernel.backward_launch == nullptr)) continue;
       implementations.push_back(kernel.name);
-  for (const auto& backend : config.backends) implementations.push_back("sdpa_" + backend);
+      if (!forward) implementations.push_back(kernel.name + kDeterministicSuffix);
+    }
+    for (const auto& backend : config.backends)
+      if (forward || std::find(kBackwardBackends.begin(), kBackwardBackends.end(), backend) != kBackwardBackends.end())
+        implementations.push_back("sdpa_" + backend);
 
   for (const int head_dim : config.head_dims)
     for (const int seqlen : config.seqlens)
@@ -392,23 +537,30 @@ int main(int argc, char** argv) {
         spec.dtype = config.dtype;
         spec.causal = causal;
         spec.seed = 1234;
-        const std::string case_name = "d" + std::to_string(head_dim) + "/s" + std::to_string(seqlen) + "/b" +
+        // Forward names as they always were; the backward directions lead with theirs.
+        const std::string case_name = (forward ? "" : std::string(flashlab::direction_name(direction)) + "/") +
+                                      "d" + std::to_string(head_dim) + "/s" + std::to_string(seqlen) + "/b" +
                                       std::to_string(spec.batch) + "/h" + std::to_string(spec.heads) +
                                       (causal ? "/causal" : "/full");
         for (const auto& implementation : implementations) {
-          spec.kernel = implementation.rfind("sdpa_", 0) == 0 ? "auto" : implementation;
-          if (implementation.rfind("sdpa_", 0) != 0) {
-            const std::string reason = flashlab::unsupported_reason(
-                *flashlab::find_any_kernel(implementation), spec);
+          const bool torch = implementation.rfind("sdpa_", 0) == 0;
+          spec.kernel = torch ? "auto" : kernel_of(implementation);
+          if (!torch) {
+            const flashlab::KernelVariant& kernel = *flashlab::find_any_kernel(spec.kernel);
+            const std::string reason = forward ? flashlab::unsupported_reason(kernel, spec)
+                                               : flashlab::backward_unsupported_reason(kernel, spec);
             if (!reason.empty()) continue;
           }
           benchmark::RegisterBenchmark((case_name + "/" + implementation).c_str(),
-                                       [=](benchmark::State& state) { run_benchmark(state, case_name, implementation, spec); })
+                                       [=](benchmark::State& state) {
+                                         run_benchmark(state, case_name, implementation, direction, spec);
+                                       })
               ->UseManualTime()
               ->Unit(benchmark::kMillisecond)
               ->MinTime(0.3);
         }
       }
+  }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   print_summary(config);

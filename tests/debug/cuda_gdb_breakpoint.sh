@@ -31,7 +31,8 @@ case $kernel in
     [ "$cc" = "9.0" ] || { echo "SKIP: fa3_wgmma_sm90 needs compute capability 9.0; this GPU has $cc"; exit 77; }
     # Row 3 of head 1 lives in consumer warpgroup 0; 300 keys make three
     # 128-key tiles, visited 2, 1, 0: tile 1 is the middle step.
-    row=3 tile=1
+    # The state lives in the traced instantiation (--trace-tiles), never in the timed one.
+    row=3 tile=1 gdb_flags="--trace-tiles"
     problem="--kernel fa3_wgmma_sm90 --batch 1 --heads 2 --kv-heads 1 --seqlen-q 200 --seqlen-k 300 --head-dim 64 --dtype bf16 --seed 7 --repeat 0"
     condition="tile == $tile && row == $row && batch == 0 && head == 1"
     focus="cuda kernel block thread"
@@ -39,6 +40,7 @@ case $kernel in
   *) echo "FAIL: no cuda-gdb case for kernel '$kernel' (cases: fa1_scalar, fa3_wgmma_sm90)"; exit 1 ;;
 esac
 head=$([ "$kernel" = fa3_wgmma_sm90 ] && echo 1 || echo 0)
+gdb_flags=${gdb_flags:-}
 
 commands=$(mktemp)
 cat > "$commands" <<GDB
@@ -46,7 +48,7 @@ set pagination off
 set confirm off
 set breakpoint pending on
 set cuda break_on_launch application
-run $problem
+run $problem $gdb_flags
 set cuda break_on_launch none
 break $(basename "$source"):$line if $condition
 continue

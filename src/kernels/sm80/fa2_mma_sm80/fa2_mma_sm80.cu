@@ -188,6 +188,17 @@ size_t fa2_mma_sm80::backward_workspace_bytes(const AttentionBackwardParams& par
 
 namespace {
 
+// block_q: query rows per step of a thread block's walk; block_k: the keys a
+// thread block owns (its dk/dv rows).
+TileShape backward_tile_shape(const AttentionBackwardParams& params) {
+  TileShape shape;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    using Tr = typename fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type;
+    shape = {Tr::kBlockM, Tr::kBlockN};
+  });
+  return shape;
+}
+
 void backward_launch(const AttentionBackwardParams& params) {
   // backward_unsupported_reason rejects other head dims before a launch.
   FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
@@ -229,6 +240,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.backward_unsupported_reason = fa2_mma_sm80::backward_unsupported_reason;
   variant.backward_workspace_bytes = fa2_mma_sm80::backward_workspace_bytes;
   variant.backward_launch = backward_launch;
+  variant.backward_tile_shape = backward_tile_shape;
   return variant;
 }
 

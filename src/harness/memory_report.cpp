@@ -1,6 +1,7 @@
 #include "flashlab/harness/memory_report.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/autograd/autograd.h>
 

@@ -11,6 +11,7 @@
 // and the gradient of a scalar loss through fa1_scalar's forward and backward
 // (a torch autograd Function) against autograd through the reference.
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>

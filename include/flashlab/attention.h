@@ -151,6 +151,11 @@ AttentionBackwardParams make_varlen_backward_params(
 // run_kernel's twin: checks kernel.backward_unsupported_reason and the device,
 // allocates kernel.backward_workspace_bytes(params) into params.workspace, and
 // calls kernel.backward_launch on params.stream (or the current stream).
+// Throws c10::Error for a kernel without a backward (naming those with one),
+// a problem it does not take, another device, a tile trace, or a null tensor
+// pointer. Nothing is launched when batch, seqlen_q or seqlen_k is 0; the
+// gradients that have rows are zeroed instead (no query rows: dk, dv; no keys:
+// dq), so the result is always what the math says.
 void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardParams& params);
 
 }  // namespace flashlab

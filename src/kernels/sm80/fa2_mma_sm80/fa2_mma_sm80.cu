@@ -15,11 +15,12 @@
 // with 4 warps (one slab each) and block_k 32 above; K/V double-buffered with
 // cp.async. Alternative tilings (tuning only, flashlab-bench --sweep) are in
 // src/kernels/dev/fa2_mma_sm80_tuning. Backward: DefaultBwdTraits<D>, one block
-// per 128 keys (64 above D = 128) walking 64-row query blocks, 8 warps.
+// per 128 keys (64 above D = 128) walking query blocks of 128 rows (D <= 64) or
+// 64, 8 warps.
 //
 // Limits: fp16 / bf16; head_dim in HeadDims (32, 64, 96, 128, 256); 16-byte
 // aligned base pointers and strides that are multiples of 8 elements (dout, dq,
-// dk, dv too); no tile tracing. The backward needs 74-153 KB of shared memory
+// dk, dv too); no tile tracing. The backward needs 130-160 KB of shared memory
 // per block (refused on compute capabilities that offer less, e.g. 8.6).
 #include <cstdint>
 #include <string>

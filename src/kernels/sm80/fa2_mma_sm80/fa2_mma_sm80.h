@@ -76,12 +76,12 @@ void launch(const AttentionParams& params);
 // The backward pass (fa2_mma_sm80_bwd_kernel.cuh): one thread block per
 // (key block of BlockN keys, kv head, batch) walks the BlockM-row query blocks
 // that see its keys. Warp layouts of its five GEMMs (Warps warps):
-//   S = Q K^T, dP = dO V^T  (BlockM x BlockN): 2 x Warps/2 warps, each 32 query rows x
-//                           BlockN/(Warps/2) keys;
+//   S = Q K^T, dP = dO V^T  (BlockM x BlockN): BlockM/32 x rest, each 32 query rows x
+//                           BlockN/(rest) keys;
 //   dV += P^T dO, dK += dS^T Q (BlockN x HeadDim): BlockN/32 x rest, each 32 keys x
 //                           HeadDim/(rest) columns, kept in registers over the whole walk;
-//   dQ = dS K               (BlockM x HeadDim): BlockM/16 x rest, each 16 rows x
-//                           HeadDim/(rest) columns, in chunks of at most 64 columns,
+//   dQ = dS K               (BlockM x HeadDim): min(BlockM/16, 4) x rest, each
+//                           BlockM/that rows x HeadDim/(rest) columns, in chunks of at most 64 columns,
 //                           added to the float32 accumulator in global memory.
 // Shared memory: K, V (BlockN rows), QStages Q tiles, DoStages dO tiles
 // (BlockM rows), all HeadDim + 8 elements a row, P, dS (BlockM x BlockN + 8),
@@ -101,7 +101,7 @@ struct BwdTraits {
   static constexpr int kPStride = BlockN + 8;      // P, dS
 
   // S / dP warp layout.
-  static constexpr int kSdpWarpsM = 2;
+  static constexpr int kSdpWarpsM = BlockM / 32;  // 32 query rows a warp
   static constexpr int kSdpWarpsN = Warps / kSdpWarpsM;
   static constexpr int kSdpRows = BlockM / kSdpWarpsM;
   static constexpr int kSdpCols = BlockN / kSdpWarpsN;
@@ -114,10 +114,12 @@ struct BwdTraits {
   static constexpr int kKvMT = 2;
   static constexpr int kKvNT = kKvCols / 8;
   // dQ warp layout, and the column chunk a warp accumulates at a time.
-  static constexpr int kDqWarpsM = BlockM / 16;
+  static constexpr int kDqWarpsM = BlockM / 16 < 4 ? BlockM / 16 : 4;
   static constexpr int kDqWarpsD = Warps / kDqWarpsM;
+  static constexpr int kDqRows = BlockM / kDqWarpsM;
+  static constexpr int kDqMT = kDqRows / 16;
   static constexpr int kDqCols = HeadDim / kDqWarpsD;
-  static constexpr int kDqChunkCols = kDqCols > 64 ? 64 : kDqCols;
+  static constexpr int kDqChunkCols = kDqCols > 64 / kDqMT ? 64 / kDqMT : kDqCols;  // <= 32 accumulators
   static constexpr int kDqChunks = kDqCols / kDqChunkCols;
   static constexpr int kDqChunkNT = kDqChunkCols / 8;
 
@@ -147,8 +149,9 @@ struct BwdTraits {
                 "S/dP warps tile the block exactly");
   static_assert(Warps % kKvWarpsN == 0 && kKvCols % 16 == 0 && kKvWarpsD * kKvCols == HeadDim,
                 "dK/dV: 32 keys x 16-column blocks per warp, warps tile the block exactly");
-  static_assert(Warps % kDqWarpsM == 0 && kDqCols % 16 == 0 && kDqWarpsD * kDqCols == HeadDim,
-                "dQ: one m16 slab x 16-column blocks per warp, warps tile the block exactly");
+  static_assert(Warps % kDqWarpsM == 0 && kDqRows % 16 == 0 && kDqCols % 16 == 0 &&
+                    kDqWarpsM * kDqRows == BlockM && kDqWarpsD * kDqCols == HeadDim,
+                "dQ: m16 slabs x 16-column blocks per warp, warps tile the block exactly");
   static_assert(kDqCols % kDqChunkCols == 0 && kDqChunkCols % 16 == 0, "whole dQ chunks");
   static_assert(BlockM % 16 == 0 && BlockN % 16 == 0, "k16 steps over the block");
   static_assert(2 * BlockM <= Warps * 32, "one thread per row copies the LSE, one the D");
@@ -158,15 +161,19 @@ struct BwdTraits {
 };
 
 // The default backward tiling of a head dim (a rule so that every entry of
-// HeadDims has one; FA2's tile sizes). 8 warps; all fit the 163 KB an A100
-// block may opt into:
-// - block_m 64, block_n 128 up to head_dim 128 (dK, dV: 2 x 64 floats a thread at 128);
-//   Q and dO double-buffered up to 96 (74-138 KB), dO single-buffered at 128 (153 KB);
-// - above 128: 64 x 64, Q and dO single-buffered (150 KB at 256).
+// HeadDims has one; FA2's tile sizes for devices with >= 144 KB of shared
+// memory a block). 8 warps; every one fits the 163 KB an A100 block may opt into:
+// - head_dim <= 64: 128 x 128 (query rows x keys), Q double-buffered, dO too at
+//   32 (130 KB), single-buffered at 64 (160 KB);
+// - 96 and 128: 64 x 128, Q double-buffered, dO double at 96 (139 KB), single
+//   at 128 (154 KB; dK, dV: 2 x 64 floats a thread);
+// - 256: 64 x 64, Q and dO single-buffered (151 KB).
+// Alternatives compile from the same template (BwdTraits): e.g. 64 x 128 with
+// both double-buffered at head_dim 64 is 107 KB.
 template <int HeadDim>
 struct DefaultBwdTraits {
-  using type = BwdTraits<HeadDim, 64, (HeadDim <= 128 ? 128 : 64), 8, (HeadDim <= 128 ? 2 : 1),
-                         (HeadDim <= 96 ? 2 : 1)>;
+  using type = BwdTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), (HeadDim <= 128 ? 128 : 64), 8,
+                         (HeadDim <= 128 ? 2 : 1), (HeadDim <= 32 || HeadDim == 96 ? 2 : 1)>;
 };
 
 // Empty when the backward can run the problem (everything unsupported_reason

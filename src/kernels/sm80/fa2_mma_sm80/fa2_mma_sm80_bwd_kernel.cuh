@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kPStride = Tr::kPStride;
   constexpr int kSdpMT = Tr::kSdpMT, kSdpNT = Tr::kSdpNT;
   constexpr int kKvMT = Tr::kKvMT, kKvNT = Tr::kKvNT;
-  constexpr int kDqChunkNT = Tr::kDqChunkNT;
+  constexpr int kDqMT = Tr::kDqMT, kDqChunkNT = Tr::kDqChunkNT;
 
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t smem_base = smem_address(smem);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int sdp_col0 = (warp % Tr::kSdpWarpsN) * Tr::kSdpCols;  // key in the block
   const int kv_row0 = (warp / Tr::kKvWarpsD) * 32;              // key in the block
   const int kv_col0 = (warp % Tr::kKvWarpsD) * Tr::kKvCols;     // head_dim column
-  const int dq_row0 = (warp / Tr::kDqWarpsD) * 16;              // query row in the block
+  const int dq_row0 = (warp / Tr::kDqWarpsD) * Tr::kDqRows;     // query row in the block
   const int dq_col0 = (warp % Tr::kDqWarpsD) * Tr::kDqCols;     // head_dim column
 
   // ldmatrix lane addresses (bytes), operand by operand (see warp_gemm_smem).
@@ -379,24 +379,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       float* const dq_head = dq_accum_slot + head * p.dq_accum_head_stride;
 #pragma unroll
       for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
-        float acc_dq[1][kDqChunkNT][4];
+        float acc_dq[kDqMT][kDqChunkNT][4];
 #pragma unroll
-        for (int n = 0; n < kDqChunkNT; ++n)
+        for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc_dq[0][n][i] = 0.f;
+          for (int n = 0; n < kDqChunkNT; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc_dq[mt][n][i] = 0.f;
         warp_gemm_smem<Element, false, true, kBN / 16, kPStride, kStride>(
             acc_dq, ds_smem + dq_a_lane, k_smem + dq_b_lane + chunk * Tr::kDqChunkCols * 2);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = m0 + dq_row0 + quad_row + h * 8;
-          if (row < seqlen_q) {
-            float* const dst = dq_head + row * p.dq_accum_row_stride + dq_col0 +
-                               chunk * Tr::kDqChunkCols + quad_col * 2;
+        for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
-            for (int n = 0; n < kDqChunkNT; ++n)
-              red_add_f32x2(dst + n * 8, acc_dq[0][n][h * 2], acc_dq[0][n][h * 2 + 1]);
+          for (int h = 0; h < 2; ++h) {
+            const int row = m0 + dq_row0 + mt * 16 + quad_row + h * 8;
+            if (row < seqlen_q) {
+              float* const dst = dq_head + row * p.dq_accum_row_stride + dq_col0 +
+                                 chunk * Tr::kDqChunkCols + quad_col * 2;
+#pragma unroll
+              for (int n = 0; n < kDqChunkNT; ++n)
+                red_add_f32x2(dst + n * 8, acc_dq[mt][n][h * 2], acc_dq[mt][n][h * 2 + 1]);
+            }
           }
-        }
       }
     }
 
@@ -426,7 +430,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     constexpr int kChunks = kBN * kChunksPerRow;
     Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
     Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
-#pragma unroll
+    // Not unrolled: unrolled, the compiler computes these row addresses before
+    // the query-block loop and spills them across it.
+#pragma unroll 1
     for (int i = 0; i < (kChunks + Tr::kThreads - 1) / Tr::kThreads; ++i) {
       const int chunk = tid + i * Tr::kThreads;
       if (kChunks % Tr::kThreads == 0 || chunk < kChunks) {

@@ -65,36 +65,6 @@ __device__ __forceinline__ void tma_load_4d(void* smem_destination, const CUtens
       : "memory");
 }
 
-// TMA store: a box of shared memory (laid out as the map's swizzle says) to a
-// 4-D tensor; rows outside the tensor's extent are not written. Completion is
-// tracked per thread in bulk groups: commit after the stores, and wait (.read:
-// until shared memory may be overwritten) before reusing the source.
-__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_source, int c0,
-                                             int c1, int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(smem_address(smem_source)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
-}
-__device__ __forceinline__ void tma_store_commit() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void tma_store_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void tma_store_wait_all() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-// Makes this thread's generic-proxy shared-memory writes visible to the async
-// proxy (a TMA store that reads them).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void st_shared_b32(uint32_t address, uint32_t value) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(value) : "memory");
-}
-
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

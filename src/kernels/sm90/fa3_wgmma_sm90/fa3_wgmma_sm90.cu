@@ -45,26 +45,22 @@ EncodeTiled encode_tiled() {
 }  // namespace
 
 CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_rows) {
-  struct Layout {
-    const void* base;
-    int64_t row_stride, head_stride, batch_stride;
-  };
-  const Layout layout =
-      operand == Operand::q   ? Layout{p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride}
-      : operand == Operand::k ? Layout{p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride}
-      : operand == Operand::v ? Layout{p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride}
-                              : Layout{p.out, p.out_row_stride, p.out_head_stride,
-                                       p.out_batch_stride};
-  const void* base = layout.base;
-  const int64_t row_stride = layout.row_stride, head_stride = layout.head_stride,
-                batch_stride = layout.batch_stride;
-  const bool query_rows = operand == Operand::q || operand == Operand::out;
-  const int heads = query_rows ? p.heads : p.kv_heads;
+  const void* base = operand == Operand::q ? p.q : operand == Operand::k ? p.k : p.v;
+  const int64_t row_stride = operand == Operand::q   ? p.q_row_stride
+                             : operand == Operand::k ? p.k_row_stride
+                                                     : p.v_row_stride;
+  const int64_t head_stride = operand == Operand::q   ? p.q_head_stride
+                              : operand == Operand::k ? p.k_head_stride
+                                                      : p.v_head_stride;
+  const int64_t batch_stride = operand == Operand::q   ? p.q_batch_stride
+                               : operand == Operand::k ? p.k_batch_stride
+                                                       : p.v_batch_stride;
+  const int heads = operand == Operand::q ? p.heads : p.kv_heads;
   // Variable-length batches are one packed sequence of rows (batch extent 1):
   // the kernel adds cu_seqlens[b] to the row coordinate.
   const bool varlen = p.is_varlen();
-  const int64_t rows = varlen ? (query_rows ? p.total_rows_q : p.total_rows_k)
-                              : (query_rows ? p.seqlen_q : p.seqlen_k);
+  const int64_t rows = varlen ? (operand == Operand::q ? p.total_rows_q : p.total_rows_k)
+                              : (operand == Operand::q ? p.seqlen_q : p.seqlen_k);
   const cuuint64_t extent[4] = {static_cast<cuuint64_t>(p.head_dim),
                                 static_cast<cuuint64_t>(rows > 0 ? rows : 1),
                                 static_cast<cuuint64_t>(heads),
@@ -90,10 +86,7 @@ CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_r
     throw_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
                      "driver error " + std::to_string(static_cast<int>(status)) +
                          " encoding the tensor map of " +
-                         (operand == Operand::q   ? "q"
-                          : operand == Operand::k ? "k"
-                          : operand == Operand::v ? "v"
-                                                  : "out") +
+                         (operand == Operand::q ? "q" : operand == Operand::k ? "k" : "v") +
                          " for " + describe_problem(p));
   return map;
 }

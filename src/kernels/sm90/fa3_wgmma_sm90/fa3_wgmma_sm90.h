@@ -42,15 +42,8 @@ struct Traits {
       (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * Consumers) / 8 * 8;
   // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
   static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
-  static constexpr int kTileBytes = kQTileBytes + 2 * kStages * kKVTileBytes;
-  // O leaves through shared memory and TMA stores (the consumer goes on to its
-  // next tile while the copy drains) where its tile fits beside the others in
-  // the 227 KB a block may have: head_dim 64 and 128, not 256.
-  static constexpr int kOTileBytes = kBlockM * HeadDim * 2;
-  static constexpr bool kSmemEpilogue =
-      kTileBytes + kOTileBytes + kBarrierBytes + 1024 <= 227 * 1024;
   static constexpr int kSmemBytes =
-      kTileBytes + (kSmemEpilogue ? kOTileBytes : 0) + kBarrierBytes + 1024;
+      kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
 
   static_assert(HeadDim % 64 == 0, "head_dim must be whole 128-byte panels");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");
@@ -73,7 +66,7 @@ std::string unsupported_reason(const AttentionParams& params);
 // Host helpers of the launch, defined in fa3_wgmma_sm90.cu.
 // A 4-D tensor map (head_dim, rows, heads, batch) over q, k or v with a box of
 // 64 elements x box_rows rows, 128-byte swizzle. Defined in fa3_wgmma_sm90.cu.
-enum class Operand { q, k, v, out };
+enum class Operand { q, k, v };
 CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows);
 // Per device, asked once: the launch path stays short because the benchmark's
 // events time it too.

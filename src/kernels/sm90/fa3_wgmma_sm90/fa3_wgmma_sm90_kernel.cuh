@@ -29,11 +29,8 @@
 // as sm_90a, base pointers 16-byte aligned and batch/row/head strides that are
 // multiples of 8 elements (TMA strides are multiples of 16 bytes). Tile
 // tracing (a separate traced instantiation) for fixed-length batches; the
-// trace's key tiles are visited from the last down. The output goes through
-// shared memory and TMA stores at head_dim 64 and 128 (the consumer moves on
-// while the copy drains; not for a variable-length block's last partial 64
-// rows, nor an out whose strides TMA cannot take), else from registers (4-byte
-// stores per pair), as at head_dim 256 where shared memory is full.
+// trace's key tiles are visited from the last down. The output is written
+// from registers (4-byte stores per pair).
 #pragma once
 
 #include <cuda.h>
@@ -66,10 +63,6 @@ struct KernelArguments {
   int num_q_blocks = 0;
   int num_work_tiles = 0;
   int section_heads = 1;  // (batch, head) pairs per scheduling section (work_tile)
-  // O through shared memory and TMA stores (Tr::kSmemEpilogue and an out whose
-  // strides TMA takes); else each thread stores its pairs from registers.
-  CUtensorMap o_map;
-  bool store_through_smem = false;
 };
 
 // One work tile: a query block of one (batch, head). The (batch, head) pairs
@@ -131,9 +124,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* q_smem = smem;
   unsigned char* k_smem = q_smem + Tr::kQTileBytes;
   unsigned char* v_smem = k_smem + kStages * Tr::kKVTileBytes;
-  unsigned char* o_smem = v_smem + kStages * Tr::kKVTileBytes;  // when Tr::kSmemEpilogue
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(
-      o_smem + (Tr::kSmemEpilogue ? Tr::kOTileBytes : 0));
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(v_smem + kStages * Tr::kKVTileBytes);
   uint64_t* q_full = barriers;
   uint64_t* q_empty = barriers + 1;
   uint64_t* k_full = barriers + 2;
@@ -419,73 +410,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
 
     // Finalize: reduce the row sums over the quad, normalize, write LSE and O.
-    float inv_sum[2];
+    Element* o_ptr = static_cast<Element*>(p.out) + view.out_offset +
+                     static_cast<int64_t>(work.head) * p.out_head_stride;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float sum = row_sum[h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
-      inv_sum[h] = result.inverse_sum;
+      const float inv_sum = result.inverse_sum;
       const int row = q0 + warp_row0 + group + h * 8;
-      if (row < view.seqlen_q && p.lse != nullptr && thread_in_group == 0)
-        p.lse[work.batch * p.lse_batch_stride + work.head * p.lse_head_stride + view.lse_row0 +
-              row] = result.lse;
-    }
-    // Through shared memory unless rows past this sequence's end would land on
-    // the next sequence's (variable length: the map spans all packed rows).
-    const int consumer_row0 = q0 + consumer * 64;
-    bool through_smem = false;
-    if constexpr (Tr::kSmemEpilogue)
-      through_smem = args.store_through_smem &&
-                     (!p.is_varlen() || consumer_row0 + 64 <= view.seqlen_q);
-    if (through_smem) {
-      // This consumer's 64 x kD slice of the O tile, in the 128-byte swizzled
-      // 64-column panels the map's box describes (16-byte chunk c of row r at
-      // chunk c ^ (r % 8)): a warp's 4-byte stores hit 32 distinct banks.
-      const uint32_t o_slice = sm90::smem_address(o_smem) + consumer * 64 * kD * 2;
-      if (thread == 0) sm90::tma_store_wait_read();  // the previous tile's copy has read it
-      sm90::named_barrier_sync(8 + consumer, 128);
+      if (row < view.seqlen_q) {
+        if (p.lse != nullptr && thread_in_group == 0)
+          p.lse[work.batch * p.lse_batch_stride + work.head * p.lse_head_stride + view.lse_row0 +
+                row] = result.lse;
+        Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + group + h * 8;
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          const uint32_t address = o_slice + (n / 8) * 64 * 128 + r * 128 +
-                                   (((n % 8) ^ (r % 8)) * 16) + thread_in_group * 4;
-          sm90::st_shared_b32(address, pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum[h],
-                                                      acc_o[n * 4 + h * 2 + 1] * inv_sum[h]));
-        }
-      }
-      sm90::fence_proxy_async_shared();
-      sm90::named_barrier_sync(8 + consumer, 128);
-      if (thread == 0) {
-        const int batch_coordinate = p.is_varlen() ? 0 : work.batch;
-#pragma unroll 1
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_store_4d(&args.o_map, o_smem + consumer * 64 * kD * 2 + panel * 64 * 128,
-                             panel * 64, view.q_row0 + consumer_row0, work.head, batch_coordinate);
-        sm90::tma_store_commit();
-      }
-    } else {
-      Element* o_ptr = static_cast<Element*>(p.out) + view.out_offset +
-                       static_cast<int64_t>(work.head) * p.out_head_stride;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = q0 + warp_row0 + group + h * 8;
-        if (row < view.seqlen_q) {
-          Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
-#pragma unroll
-          for (int n = 0; n < kD / 8; ++n)
-            *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) = pack2<Element>(
-                acc_o[n * 4 + h * 2] * inv_sum[h], acc_o[n * 4 + h * 2 + 1] * inv_sum[h]);
-        }
+        for (int n = 0; n < kD / 8; ++n)
+          *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
+              pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
       }
     }
   }
-  // Shared memory must outlive the TMA stores that read it.
-  if constexpr (Tr::kSmemEpilogue)
-    if (thread == 0) sm90::tma_store_wait_all();
 }
 
 // ---------------------------------------------------------------------------
@@ -501,14 +447,6 @@ void launch_forward(const AttentionParams& params) {
   args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
   args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
   args.params = params;
-  // TMA stores need a 16-byte aligned base and 16-byte strides (out is the
-  // caller's buffer: unsupported_reason checks only q, k and v).
-  const auto aligned = [](int64_t elements) { return elements % 8 == 0; };
-  args.store_through_smem =
-      Tr::kSmemEpilogue && reinterpret_cast<uintptr_t>(params.out) % 16 == 0 &&
-      aligned(params.out_row_stride) && aligned(params.out_head_stride) &&
-      (params.is_varlen() || params.batch == 1 || aligned(params.out_batch_stride));
-  if (args.store_through_smem) args.o_map = make_tensor_map(params, Operand::out, 64);
   args.num_q_blocks = (params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   args.num_work_tiles = args.num_q_blocks * params.heads * params.batch;
   if (args.num_work_tiles == 0) return;

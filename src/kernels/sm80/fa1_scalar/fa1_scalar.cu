@@ -23,6 +23,7 @@ KernelVariant fa1_scalar_variant() {
   variant.backward_unsupported_reason = fa1_scalar::backward_unsupported_reason;
   variant.backward_workspace_bytes = fa1_scalar::backward_workspace_bytes;
   variant.backward_launch = fa1_scalar::backward_launch;
+  variant.backward_tile_shape = fa1_scalar::backward_tile_shape;
   return variant;
 }
 

@@ -27,6 +27,12 @@ size_t backward_workspace_bytes(const AttentionBackwardParams& params) {
   return sizeof(float) * static_cast<size_t>(elements > 0 ? elements : 0);
 }
 
+TileShape backward_tile_shape(const AttentionBackwardParams&) {
+  // block_k: the keys one dK/dV block owns; block_q: the query rows one dQ
+  // block owns (each thread walks the rows, or keys, one at a time).
+  return {kBackwardThreads, kBackwardThreads};
+}
+
 void backward_launch(const AttentionBackwardParams& params) {
   const size_t needed = backward_workspace_bytes(params);
   if (needed > 0 && (params.workspace == nullptr || params.workspace_bytes < needed))

@@ -325,6 +325,9 @@ void backward_launch_with_element(const AttentionBackwardParams& params) {
 std::string backward_unsupported_reason(const AttentionBackwardParams& params);
 // softmax_d: one float per (batch, head, query row), laid out like lse.
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);
+// {kBackwardThreads, kBackwardThreads}: the dQ kernel's query rows and the
+// dK/dV kernel's key rows per block, for the harness's reports.
+TileShape backward_tile_shape(const AttentionBackwardParams& params);
 void backward_launch(const AttentionBackwardParams& params);
 
 }  // namespace fa1_scalar

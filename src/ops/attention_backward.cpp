@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashlab/attention.h"
@@ -209,12 +210,18 @@ void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardPar
   const std::string reason = backward_cannot_run_reason(kernel, params);
   TORCH_CHECK(reason.empty(), "kernel ", kernel.name, " cannot run the backward of ",
               describe_problem(params), ": ", reason);
+  // A tensor with no rows (a variable-length batch whose key sequences are all
+  // empty) may have a null data pointer.
+  const bool has_query_rows = params.is_varlen() ? params.total_rows_q > 0 : params.seqlen_q > 0;
+  const bool has_key_rows = params.is_varlen() ? params.total_rows_k > 0 : params.seqlen_k > 0;
   std::string missing;
-  for (const auto& [name, pointer] :
-       {std::pair<const char*, const void*>{"q", params.q}, {"k", params.k}, {"v", params.v},
-        {"out", params.out}, {"lse", params.lse}, {"dout", params.dout}, {"dq", params.dq},
-        {"dk", params.dk}, {"dv", params.dv}})
-    if (pointer == nullptr) missing += std::string(missing.empty() ? "" : ", ") + name;
+  for (const auto& [name, pointer, has_rows] :
+       {std::tuple<const char*, const void*, bool>{"q", params.q, has_query_rows},
+        {"k", params.k, has_key_rows}, {"v", params.v, has_key_rows},
+        {"out", params.out, has_query_rows}, {"lse", params.lse, has_query_rows},
+        {"dout", params.dout, has_query_rows}, {"dq", params.dq, has_query_rows},
+        {"dk", params.dk, has_key_rows}, {"dv", params.dv, has_key_rows}})
+    if (pointer == nullptr && has_rows) missing += std::string(missing.empty() ? "" : ", ") + name;
   TORCH_CHECK(missing.empty(), "run_backward_kernel needs every tensor of the backward; got no ",
               missing, " (make_backward_params leaves a pointer null for an undefined tensor)");
   launch_backward_checked(kernel, params);

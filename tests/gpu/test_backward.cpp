@@ -200,12 +200,15 @@ INSTANTIATE_TEST_SUITE_P(AllBackwardKernels, BackwardDeterminism, ::testing::Val
 // can be differentiated through them like through any torch op.
 struct FlashlabAttention : public torch::autograd::Function<FlashlabAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v, const std::string& kernel) {
+                            const at::Tensor& k, const at::Tensor& v, const std::string& kernel,
+                            bool causal) {
     AttentionOptions options;
     options.kernel = kernel;
+    options.causal = causal;
     const AttentionOutput output = attention_forward(q, k, v, options);
     context->save_for_backward({q, k, v, output.out, output.lse});
     context->saved_data["kernel"] = kernel;
+    context->saved_data["causal"] = causal;
     return output.out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
@@ -213,9 +216,10 @@ struct FlashlabAttention : public torch::autograd::Function<FlashlabAttention> {
     const auto saved = context->get_saved_variables();
     BackwardOptions options;
     options.kernel = context->saved_data["kernel"].toStringRef();
+    options.causal = context->saved_data["causal"].toBool();
     const AttentionGradients gradients = attention_backward(
         grad_outputs[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4], options);
-    return {gradients.dq, gradients.dk, gradients.dv, at::Tensor()};
+    return {gradients.dq, gradients.dk, gradients.dv, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -251,7 +255,7 @@ TEST(BackwardLoss, GradientThroughFa1ScalarMatchesAutogradOnTheReference) {
   };
   const at::Tensor q = leaf(inputs.q, at::kFloat), k = leaf(inputs.k, at::kFloat),
                    v = leaf(inputs.v, at::kFloat);
-  const at::Tensor out = FlashlabAttention::apply(q, k, v, std::string("fa1_scalar"));
+  const at::Tensor out = FlashlabAttention::apply(q, k, v, std::string("fa1_scalar"), spec.causal);
   const auto kernel_gradients = torch::autograd::grad({loss_of(out, weights)}, {q, k, v});
 
   // Autograd through the reference, in float64 (the reference) and float32 (torch's own error).

@@ -22,7 +22,11 @@
 // aligned base pointers and strides that are multiples of 8 elements (dout, dq,
 // dk, dv too); no tile tracing. The backward needs 130-160 KB of shared memory
 // per block (refused on compute capabilities that offer less, e.g. 8.6).
+#include <cuda_runtime.h>
+
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -91,10 +95,52 @@ int backward_block_n(int head_dim) {
   return block_n;
 }
 
-// Thread blocks the deterministic mode aims for (two per SM of a 132-SM H100).
-// A constant rather than the device's SM count, so that the dq summation order
-// depends on the problem alone.
-constexpr int64_t kDeterministicBlocks = 264;
+// Multiprocessors of the current device, asked once per device; 132 (an H100
+// SXM) when there is no device to ask.
+int multiprocessor_count() {
+  static std::mutex mutex;
+  static std::map<int, int> count_of_device;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 132;
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [entry, added] = count_of_device.try_emplace(device, 132);
+  if (added && cudaDeviceGetAttribute(&entry->second, cudaDevAttrMultiProcessorCount, device) !=
+                   cudaSuccess) {
+    (void)cudaGetLastError();
+    entry->second = 132;
+  }
+  return entry->second;
+}
+
+// Deterministic mode: how many dq accumulator slots (= thread blocks per (kv
+// head, batch)), each block taking key blocks s, s + slots, ... in order. Each
+// thread block holds one SM (shared memory), so the choice is about waves: of
+// 1 .. max(1, 4 * SMs / kv_blocks) slots (at most about four waves), the one
+// whose wave count and key-block split waste the least, the fewest slots on a
+// near tie (each slot is a whole float32 dq accumulator). A function of the
+// problem and the device's SM count only, so runs on one device agree bitwise.
+int deterministic_slots(int64_t kv_blocks, int64_t key_blocks, int multiprocessors) {
+  if (kv_blocks <= 0 || key_blocks <= 1) return 1;
+  int64_t most = 4 * static_cast<int64_t>(multiprocessors) / kv_blocks;
+  if (most > key_blocks) most = key_blocks;
+  int best = 1;
+  double best_efficiency = 0.0;
+  for (int64_t slots = 1; slots <= (most < 1 ? 1 : most); ++slots) {
+    const int64_t blocks = slots * kv_blocks;
+    const int64_t waves = (blocks + multiprocessors - 1) / multiprocessors;
+    const int64_t longest = (key_blocks + slots - 1) / slots;  // key blocks of the busiest block
+    const double efficiency = static_cast<double>(blocks) / (waves * multiprocessors) *
+                              (static_cast<double>(key_blocks) / (slots * longest));
+    if (efficiency > best_efficiency + 0.02) {
+      best = static_cast<int>(slots);
+      best_efficiency = efficiency;
+    }
+  }
+  return best;
+}
 
 }  // namespace
 
@@ -171,9 +217,7 @@ fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
   if (params.deterministic) {
     const int64_t key_blocks = (params.seqlen_k + block_n - 1) / block_n;
     const int64_t kv_blocks = static_cast<int64_t>(params.batch) * params.kv_heads;
-    int64_t slots = (kDeterministicBlocks + kv_blocks - 1) / kv_blocks;
-    if (slots > key_blocks) slots = key_blocks;
-    workspace.dq_accum_slots = static_cast<int>(slots < 1 ? 1 : slots);
+    workspace.dq_accum_slots = deterministic_slots(kv_blocks, key_blocks, multiprocessor_count());
   }
   workspace.dq_accum_offset = workspace.softmax_d_offset + workspace.softmax_d_bytes;
   workspace.dq_accum_bytes = round_up(static_cast<size_t>(workspace.dq_accum_slots) *

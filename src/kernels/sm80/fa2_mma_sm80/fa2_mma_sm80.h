@@ -185,7 +185,8 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params);
 // how many dq accumulator slots there are: 1 by default (atomic adds from every
 // key block), in deterministic mode one per split of the key blocks (each
 // thread block owns one slot and adds to it in a fixed order; the convert
-// kernel sums the slots in slot order). block_n: the tiling's kBlockN.
+// kernel sums the slots in slot order; the count depends on the problem and the
+// current device's SM count). block_n: the tiling's kBlockN. Host only.
 struct BackwardWorkspace {
   size_t softmax_d_offset = 0, softmax_d_bytes = 0;
   size_t dq_accum_offset = 0, dq_accum_bytes = 0;

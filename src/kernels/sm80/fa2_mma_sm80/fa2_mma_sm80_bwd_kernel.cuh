@@ -31,13 +31,30 @@
 // Default mode: one block per key block, all adding to slot 0 in whatever
 // order the atomics land. dK/dV are bitwise stable in both modes.
 //
+// Deterministic mode picks S from the device's SM count (fa2_mma_sm80.cu), so
+// it is reproducible run to run on one device, not across devices.
+//
 // Tiling: BwdTraits<HeadDim, BlockM, BlockN, Warps, QStages, DoStages> in
-// fa2_mma_sm80.h (warp layouts of the five GEMMs, shared-memory map); the
-// defaults are 64 x 128 (64 x 64 above head_dim 128) with 8 warps. Shared rows
-// are padded by 16 bytes (conflict-free ldmatrix and fragment stores). The
-// visible-key rule, the sequence views, the PTX wrappers (warp_gemm_smem, the
-// ldmatrix lane patterns, red_add_f32x2) come from src/kernels/common/; the
-// tile loader is the forward's (fa2_mma_sm80_kernel.cuh).
+// fa2_mma_sm80.h (warp layouts of the five GEMMs, shared-memory map, static
+// asserts); the defaults (DefaultBwdTraits) are 128 x 128 up to head_dim 64,
+// 64 x 128 at 96 and 128, 64 x 64 at 256, 8 warps, 130-160 KB of shared
+// memory. Shared rows are padded by 16 bytes (conflict-free ldmatrix and
+// fragment stores). The LSE and D of a query block's rows travel with its Q
+// tile (cp.async) into shared memory.
+//
+// One step of the walk (step j, query block m0 of head h), barriers A-D:
+//   wait for Q[j], dO[j]; A; issue Q[j+1] (+ LSE, D) and, double-buffered, dO[j+1]
+//   S, dP GEMMs; P, dS -> shared; B; dV GEMM; [single dO: C; issue dO[j+1]]
+//   dK GEMM; [single Q: D; issue Q[j+1]]; dQ GEMM and the red.global.adds
+// Every buffer a cp.async refills was last read before the barrier that
+// precedes the issue; P and dS are rewritten only after the next step's A.
+//
+// The visible-key rule, the sequence views, the PTX wrappers (warp_gemm_smem,
+// the ldmatrix lane patterns, cp_async_4, red_add_f32x2) come from
+// src/kernels/common/; the tile loader is the forward's (fa2_mma_sm80_kernel.cuh).
+// scripts/fa2_bwd_fragment_model.py replays the kernel's index math (ldmatrix,
+// mma fragments, warp layouts, masks, the walk) on the CPU against numpy
+// gradients: run it after changing a tiling or a lane pattern.
 //
 // Limits: fp16 / bf16; head_dim a multiple of 32 (HeadDims); base pointers
 // 16-byte aligned and strides multiples of 8 elements; no dropout, no ALiBi.

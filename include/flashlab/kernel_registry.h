@@ -43,6 +43,53 @@ inline constexpr Architectures kSm80OrNewer{
 inline bool runs_on_sm90a(int compute_capability) { return compute_capability == 90; }
 inline constexpr Architectures kSm90aOnly{runs_on_sm90a, "compute capability 9.0 (sm_90a)"};
 
+// Where one element of a forward problem lives while a kernel runs, for
+// cuda-gdb (flashlab-run --locate B,H,ROW[,COL]). A kernel describes its own
+// layout through KernelVariant::locate; pure arithmetic, no device.
+//
+// One register slot of one thread: `name` is what cuda-gdb prints
+// ("acc_o[1][3][2]", "running_max"), `index` the same indices as numbers
+// (empty for a scalar), so tests can check them against the kernel's formulas.
+struct RegisterSlot {
+  int thread[3] = {0, 0, 0};  // threadIdx
+  int warp = 0, lane = 0;     // warp within the block (threadIdx.x / 32), lane
+  std::string name;
+  std::vector<int> index;
+};
+
+// A place to stop: the line `line_offset` lines after the one holding `marker`
+// in the kernel source, with a condition in the kernel's own local names.
+struct CudaGdbStop {
+  std::string marker;
+  int line_offset = 1;
+  bool needs_trace = false;  // the line is in the traced instantiation only (--trace-tiles)
+  bool fixed_length_only = false;  // that instantiation takes no variable-length batches
+  std::string condition;     // "tile == 2 && row == 5 && batch == 0 && head == 1"
+  bool focus_needed = true;  // false: the thread that stops is already the one to look at
+  std::vector<std::string> prints;  // expressions to print there, in the focused thread
+  std::string what;          // one line: what the prints show at that line
+};
+
+struct ElementLocation {
+  std::string unavailable;  // non-empty: why the element cannot be located (row past its sequence)
+  int grid[3] = {0, 0, 0};          // gridDim as launched
+  int block_threads[3] = {0, 0, 0};  // blockDim
+  int block[3] = {-1, -1, -1};      // blockIdx of the block that computes the row
+  std::string block_note;  // how the block follows from the launch (persistent grids: what it assumed)
+  int query_block = 0;     // the kernel's query tile of block_q rows holding the row
+  int row_in_block = 0;
+  std::vector<RegisterSlot> out;       // the thread(s) and slot(s) holding out[batch, row, head, col]
+  std::string out_note;                // what the slot holds (unnormalized O, ...)
+  std::vector<RegisterSlot> row_max;   // the row's running max m
+  std::vector<RegisterSlot> row_sum;   // the row's running sum l (partial sums: all of them)
+  std::string state_note;  // units of m, whether l is split over lanes
+  int block_k = 0;
+  std::vector<int> key_tiles;           // the key tiles the block visits, in visiting order
+  int row_first_tile = 0, row_last_tile = -1;  // the tiles holding keys this row sees
+  std::string source;  // the kernel source file, as compiled
+  std::vector<CudaGdbStop> stops;  // first the preferred one
+};
+
 struct KernelVariant {
   std::string name;
   std::string summary;  // one line: algorithm and limits
@@ -77,6 +124,15 @@ struct KernelVariant {
   // per thread block (the key block that owns dk and dv). The harness names
   // them in dq/dk/dv reports; nullptr: it names the forward's tile_shape.
   TileShape (*backward_tile_shape)(const AttentionBackwardParams& params) = nullptr;
+
+  // Where out[batch, row, head, col] and the row's m and l live (block, warp,
+  // lanes, register slots), the key tiles the row's block visits and where to
+  // stop in cuda-gdb; nullptr: the kernel does not say. `params` is the block
+  // the launch would get, except that cu_seqlens_* may point to host memory
+  // (the hook reads them; it launches nothing). `row` counts within its
+  // sequence (varlen: within batch entry `batch`).
+  ElementLocation (*locate)(const AttentionParams& params, int batch, int head, int row,
+                            int col) = nullptr;
 };
 
 const std::vector<KernelVariant>& registered_kernels();

@@ -17,6 +17,7 @@
 #include "flashlab/harness/arguments.h"
 #include "flashlab/harness/backward_check.h"
 #include "flashlab/harness/dev_kernels.h"
+#include "flashlab/harness/locate.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
 #include "flashlab/harness/tile_trace.h"
@@ -34,6 +35,7 @@ struct Arguments {
   bool backward = false;       // forward then backward: out, lse, dq, dk, dv
   bool deterministic = false;  // BackwardOptions::deterministic
   std::vector<int> show_state;  // batch, head, row, key tile
+  std::vector<int> locate;      // batch, head, row[, col]
 };
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
@@ -114,6 +116,16 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
                 if (arguments.show_state.size() != 4)
                   throw flashlab::ArgumentError("--show-state expects B,H,ROW,TILE (four integers), got '" + v + "'");
               })
+      .option("--locate", "B,H,ROW[,COL]",
+              "print where out[B, ROW, H, COL] and the row's running max/sum live in\nthe kernel "
+              "(block, warp, lanes, register slots), the key tiles its\nblock visits and the cuda-gdb "
+              "commands that stop there; runs\nnothing, needs no GPU (--kernel NAME; ROW counts within "
+              "sequence B)",
+              [&](const std::string& v) {
+                arguments.locate = flashlab::parse_int_list("--locate", v, 0, kIntMax);
+                if (arguments.locate.size() != 3 && arguments.locate.size() != 4)
+                  throw flashlab::ArgumentError("--locate expects B,H,ROW or B,H,ROW,COL, got '" + v + "'");
+              })
       .flag("--memory",
             "peak device memory of the kernel against naive attention at seqlens\n256, 1024, 4096 (the "
             "other sizes from the options)",
@@ -162,6 +174,12 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     throw ArgumentError("--show-state goes with --trace-tiles");
   if (arguments.deterministic && !arguments.backward)
     throw ArgumentError("--deterministic goes with --backward");
+  if (!arguments.locate.empty()) {
+    if (spec.kernel == "auto")
+      throw ArgumentError("--locate needs --kernel NAME: the layout is the kernel's");
+    if (arguments.trace_tiles || arguments.backward || arguments.memory || arguments.json)
+      throw ArgumentError("--locate runs nothing; leave out --trace-tiles, --backward, --memory and --json");
+  }
   if (arguments.backward && arguments.trace_tiles)
     throw ArgumentError("--trace-tiles traces the forward's tile states; leave out --backward");
   return arguments;
@@ -236,6 +254,18 @@ int main(int argc, char** argv) {
       std::cerr << "flashlab-run: " << reason << "\n";
       return kExitBadArguments;
     }
+  }
+  if (!arguments.locate.empty()) {
+    const auto& at = arguments.locate;
+    try {
+      std::cout << flashlab::format_location(
+          *flashlab::find_any_kernel(arguments.spec.kernel), arguments.spec, at[0], at[1], at[2],
+          at.size() == 4 ? std::optional<int>(at[3]) : std::nullopt);
+    } catch (const c10::Error& error) {
+      std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
+      return kExitBadArguments;
+    }
+    return kExitPass;
   }
   const std::string unavailable = flashlab::cuda_unavailable_reason();
   if (!unavailable.empty()) {

@@ -3,6 +3,7 @@
 // and `flashlab-run --trace-tiles` can show the tile-state diff finding it.
 // Listed in test_only_kernels(), never in registered_kernels().
 #include "sm80/fa1_scalar/fa1_scalar_kernel.cuh"
+#include "sm80/fa1_scalar/fa1_scalar_locate.h"
 
 namespace flashlab {
 
@@ -15,6 +16,7 @@ KernelVariant fa1_scalar_planted_bug_variant() {
   variant.unsupported_reason = fa1_scalar::unsupported_reason;
   variant.tile_shape = fa1_scalar::tile_shape;
   variant.launch = fa1_scalar::launch</*kPlantedRowMaxBug=*/true>;
+  variant.locate = fa1_scalar::locate;  // the same layout
   return variant;
 }
 

@@ -4,8 +4,11 @@
 // fa1_scalar_backward_kernel.cuh, hooks in fa1_scalar_backward.cu.
 #include "fa1_scalar_backward_kernel.cuh"
 #include "fa1_scalar_kernel.cuh"
+#include "fa1_scalar_locate.h"
 
 namespace flashlab {
+
+TileShape fa1_scalar::launch_tiles() { return {kBlockQ, kBlockK}; }
 
 KernelVariant fa1_scalar_variant() {
   KernelVariant variant;
@@ -24,6 +27,7 @@ KernelVariant fa1_scalar_variant() {
   variant.backward_workspace_bytes = fa1_scalar::backward_workspace_bytes;
   variant.backward_launch = fa1_scalar::backward_launch;
   variant.backward_tile_shape = fa1_scalar::backward_tile_shape;
+  variant.locate = fa1_scalar::locate;
   return variant;
 }
 

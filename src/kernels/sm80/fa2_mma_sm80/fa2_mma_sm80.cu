@@ -32,6 +32,7 @@
 
 #include "flashlab/kernel_registry.h"
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80_locate.h"
 
 namespace flashlab {
 
@@ -286,6 +287,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.backward_workspace_bytes = fa2_mma_sm80::backward_workspace_bytes;
   variant.backward_launch = backward_launch;
   variant.backward_tile_shape = backward_tile_shape;
+  variant.locate = fa2_mma_sm80::locate;
   return variant;
 }
 

@@ -15,6 +15,7 @@
 
 #include "flashlab/cuda_check.h"
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90_locate.h"
 #include "flashlab/kernel_registry.h"
 
 namespace flashlab {
@@ -190,6 +191,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.unsupported_reason = fa3_wgmma_sm90::unsupported_reason;
   variant.tile_shape = tile_shape;
   variant.launch = launch;
+  variant.locate = fa3_wgmma_sm90::locate;
   return variant;
 }
 

@@ -12,6 +12,8 @@
 
 #include <cuda.h>  // CUtensorMap (a type only: nothing links libcuda)
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "common/static_switch.h"
@@ -76,6 +78,69 @@ struct DeviceLimits {
 };
 DeviceLimits device_limits();
 void allow_shared_memory(const void* kernel, int bytes);
+
+// The persistent grid's schedule (host): how many query blocks and work tiles,
+// how many (batch, head) pairs a scheduling section holds, and the grid. The
+// launch and the locate hook (fa3_wgmma_sm90_locate.cpp) both use it.
+struct Schedule {
+  int num_q_blocks = 0;
+  int num_work_tiles = 0;
+  int section_heads = 1;
+  int grid = 0;
+};
+inline Schedule schedule(const AttentionParams& params, int block_m, int element_bytes,
+                         int multiprocessors, int l2_bytes) {
+  Schedule result;
+  result.num_q_blocks = (params.seqlen_q + block_m - 1) / block_m;
+  result.num_work_tiles = result.num_q_blocks * params.heads * params.batch;
+  if (result.num_work_tiles == 0) return result;
+  // Sections whose K and V take about half the L2 (a query head's share of
+  // its kv head counts 1 / group).
+  const int64_t kv_head_bytes = std::max<int64_t>(
+      1, 2 * static_cast<int64_t>(params.seqlen_k) * params.head_dim * element_bytes);  // seqlen_k may be 0
+  const int group = params.heads / params.kv_heads;
+  const int64_t kv_heads_in_l2 = std::max<int64_t>(1, l2_bytes / 2 / kv_head_bytes);
+  int64_t section_heads = kv_heads_in_l2 * group;
+  // Under a causal or sliding-window mask the tiles of a section differ in
+  // length, and CTA i takes tiles i, i + grid, ...: a section of fewer tiles
+  // than about four grids would hand the same CTAs the longest tiles of every
+  // section (H100, head_dim 256, 16k causal: 0.71x cuDNN with one head per
+  // section, 0.91x with all). Such sections grow to four grids' worth.
+  if (params.window_left >= 0 || params.window_right >= 0)
+    section_heads = std::max<int64_t>(
+        section_heads, (4 * multiprocessors + result.num_q_blocks - 1) / result.num_q_blocks);
+  result.section_heads = static_cast<int>(
+      std::min<int64_t>(section_heads, static_cast<int64_t>(params.heads) * params.batch));
+  result.grid = std::min(result.num_work_tiles, multiprocessors);
+  return result;
+}
+
+// One work tile: a query block of one (batch, head). The (batch, head) pairs
+// are cut into sections of section_heads consecutive pairs (heads fastest, so
+// a GQA group's query heads sit together) whose K and V fit in about half the
+// L2; a section's tiles run before the next section's, and inside a section
+// query blocks run from the last one down (the longest causal rows first), all
+// of the section's heads at each step. So the CTAs running at any moment share
+// a few heads' K/V in L2 instead of streaming every head's from DRAM. CTA i
+// takes work tiles i, i + grid, i + 2 grid, ... Host and device.
+struct WorkTile {
+  int q_block, head, batch;
+};
+FLASHLAB_HOST_DEVICE inline WorkTile work_tile_at(int index, int num_q_blocks, int section_heads,
+                                                  int heads, int batch) {
+  const int section_tiles = section_heads * num_q_blocks;
+  const int section = index / section_tiles;
+  const int within = index - section * section_tiles;
+  const int first_pair = section * section_heads;
+  const int left = heads * batch - first_pair;
+  const int pairs_here = section_heads < left ? section_heads : left;
+  const int pair = first_pair + within % pairs_here;
+  WorkTile tile;
+  tile.q_block = num_q_blocks - 1 - within / pairs_here;
+  tile.head = pair % heads;
+  tile.batch = pair / heads;
+  return tile;
+}
 
 // Launches configuration Tr for params.dtype (fp16 or bf16), the traced
 // instantiation when params.trace is on. Defined in fa3_wgmma_sm90_kernel.cuh

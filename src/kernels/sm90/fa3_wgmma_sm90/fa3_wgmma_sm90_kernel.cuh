@@ -45,6 +45,7 @@
 #include "common/ptx_sm80.h"  // fast_exp2, pack2
 #include "common/ptx_sm90.h"
 #include "common/sequence_view.h"
+#include "common/tile_trace.h"
 #include "common/visible_keys.h"
 #include "common/wgmma_sm90_generated.h"
 #include "flashlab/cuda_check.h"
@@ -65,29 +66,10 @@ struct KernelArguments {
   int section_heads = 1;  // (batch, head) pairs per scheduling section (work_tile)
 };
 
-// One work tile: a query block of one (batch, head). The (batch, head) pairs
-// are cut into sections of section_heads consecutive pairs (heads fastest, so
-// a GQA group's query heads sit together) whose K and V fit in about half the
-// L2; a section's tiles run before the next section's, and inside a section
-// query blocks run from the last one down (the longest causal rows first), all
-// of the section's heads at each step. So the CTAs running at any moment share
-// a few heads' K/V in L2 instead of streaming every head's from DRAM.
-struct WorkTile {
-  int q_block, head, batch;
-};
+// One work tile (WorkTile, work_tile_at and the schedule: fa3_wgmma_sm90.h).
 __device__ __forceinline__ WorkTile work_tile(const KernelArguments& args, int index) {
-  const AttentionParams& p = args.params;
-  const int section_tiles = args.section_heads * args.num_q_blocks;
-  const int section = index / section_tiles;
-  const int within = index - section * section_tiles;
-  const int first_pair = section * args.section_heads;
-  const int pairs_here = min(args.section_heads, p.heads * p.batch - first_pair);
-  const int pair = first_pair + within % pairs_here;
-  WorkTile tile;
-  tile.q_block = args.num_q_blocks - 1 - within / pairs_here;
-  tile.head = pair % p.heads;
-  tile.batch = pair / p.heads;
-  return tile;
+  return work_tile_at(index, args.num_q_blocks, args.section_heads, args.params.heads,
+                      args.params.batch);
 }
 
 // The key tiles a query block visits, [first, last]; empty when last < first.
@@ -306,21 +288,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               sum += value;
             }
           row_sum[h] = row_sum[h] * correction[h] + sum;
-          if constexpr (Trace) {  // the quad's partial sums make the row's l
-            sum = row_sum[h];
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+          if constexpr (Trace) {
+            const float running_sum = quad_sum(row_sum[h]);  // the row's l (whole warp)
             const int row = q0 + warp_row0 + group + h * 8;
             if (thread_in_group == 0 && row < view.seqlen_q) {
               // Plain locals, so a cuda-gdb condition can name them.
               const int batch = work.batch, head = work.head;
               const float running_max = row_max[h] * p.softmax_scale;  // natural-log units
               // cuda-gdb: the online-softmax state of this row after `tile` (tests/debug uses this line).
-              const int64_t index =
-                  ((static_cast<int64_t>(batch) * p.heads + head) * p.seqlen_q + row) *
-                      p.trace.num_key_tiles + tile;
-              p.trace.row_max[index] = running_max;
-              p.trace.row_sum[index] = sum;
+              record_tile_state(p, batch, head, row, tile, running_max, running_sum);
             }
           }
         }
@@ -447,28 +423,14 @@ void launch_forward(const AttentionParams& params) {
   args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
   args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
   args.params = params;
-  args.num_q_blocks = (params.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  args.num_work_tiles = args.num_q_blocks * params.heads * params.batch;
-  if (args.num_work_tiles == 0) return;
   const DeviceLimits device = device_limits();
-  // Sections whose K and V take about half the L2 (a query head's share of
-  // its kv head counts 1 / group).
-  const int64_t kv_head_bytes = std::max<int64_t>(
-      1, 2 * static_cast<int64_t>(params.seqlen_k) * params.head_dim * sizeof(Element));  // seqlen_k may be 0
-  const int group = params.heads / params.kv_heads;
-  const int64_t kv_heads_in_l2 = std::max<int64_t>(1, device.l2_bytes / 2 / kv_head_bytes);
-  int64_t section_heads = kv_heads_in_l2 * group;
-  // Under a causal or sliding-window mask the tiles of a section differ in
-  // length, and CTA i takes tiles i, i + grid, ...: a section of fewer tiles
-  // than about four grids would hand the same CTAs the longest tiles of every
-  // section (H100, head_dim 256, 16k causal: 0.71x cuDNN with one head per
-  // section, 0.91x with all). Such sections grow to four grids' worth.
-  if (params.window_left >= 0 || params.window_right >= 0)
-    section_heads = std::max<int64_t>(
-        section_heads, (4 * device.multiprocessors + args.num_q_blocks - 1) / args.num_q_blocks);
-  args.section_heads = static_cast<int>(
-      std::min<int64_t>(section_heads, static_cast<int64_t>(params.heads) * params.batch));
-  const int grid = std::min(args.num_work_tiles, device.multiprocessors);
+  const Schedule plan = schedule(params, Tr::kBlockM, sizeof(Element), device.multiprocessors,
+                                 device.l2_bytes);
+  args.num_q_blocks = plan.num_q_blocks;
+  args.num_work_tiles = plan.num_work_tiles;
+  if (args.num_work_tiles == 0) return;
+  args.section_heads = plan.section_heads;
+  const int grid = plan.grid;
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, static_cast<cudaStream_t>(params.stream)>>>(args);
   FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90", params);
 }

@@ -1,0 +1,88 @@
+// fa1_scalar: where out[batch, row, head, col] and the row's online-softmax
+// state live while fa1_scalar_kernel runs (see fa1_scalar_kernel.cuh and its
+// launch_with_head_dim): grid (ceil(seqlen_q / 64), heads, batch), 64 threads,
+// thread threadIdx.x owns row query_tile * 64 + threadIdx.x of its (batch,
+// head); its O is accumulator[col] (unnormalized), its m and l are
+// running_max and running_sum. Host only.
+#include "sm80/fa1_scalar/fa1_scalar_locate.h"
+
+#include <string>
+
+#include "common/sequence_view.h"
+#include "common/visible_keys.h"
+
+namespace flashlab::fa1_scalar {
+
+ElementLocation locate(const AttentionParams& params, int batch, int head, int row, int col) {
+  const TileShape tiles = launch_tiles();
+  ElementLocation location;
+  location.source = __FILE__;
+  location.source = location.source.substr(0, location.source.rfind('/') + 1) + "fa1_scalar_kernel.cuh";
+  const SequenceView view = sequence_view(params, batch);
+  if (row < 0 || row >= view.seqlen_q) {
+    location.unavailable = "row " + std::to_string(row) + " is past batch entry " +
+                           std::to_string(batch) + "'s " + std::to_string(view.seqlen_q) +
+                           " query rows";
+    return location;
+  }
+  location.grid[0] = (params.seqlen_q + tiles.block_q - 1) / tiles.block_q;
+  location.grid[1] = params.heads;
+  location.grid[2] = params.batch;
+  location.block_threads[0] = tiles.block_q;
+  location.block_threads[1] = location.block_threads[2] = 1;
+  location.query_block = row / tiles.block_q;
+  location.row_in_block = row % tiles.block_q;
+  location.block[0] = location.query_block;
+  location.block[1] = head;
+  location.block[2] = batch;
+  location.block_note = "blockIdx = (query tile, head, batch)";
+
+  RegisterSlot thread;
+  thread.thread[0] = location.row_in_block;
+  thread.warp = location.row_in_block / 32;
+  thread.lane = location.row_in_block % 32;
+  RegisterSlot out = thread, m = thread, l = thread;
+  out.name = "accumulator[" + std::to_string(col) + "]";
+  out.index = {col};
+  m.name = "running_max";
+  l.name = "running_sum";
+  location.out = {out};
+  location.row_max = {m};
+  location.row_sum = {l};
+  location.out_note = "float32, unnormalized (out = accumulator[col] / running_sum after the last tile)";
+  location.state_note = "m in natural-log units of the scaled scores; l relative to exp(m)";
+
+  // The key tiles the block visits (fa1_scalar_kernel: block_keys), ascending.
+  location.block_k = tiles.block_k;
+  const int tile_row0 = location.query_block * tiles.block_q;
+  const int tile_row_last = (tile_row0 + tiles.block_q < view.seqlen_q ? tile_row0 + tiles.block_q
+                                                                       : view.seqlen_q) - 1;
+  const KeyRange block_keys = visible_keys_of_rows(tile_row0, tile_row_last, view.seqlen_q,
+                                                   view.seqlen_k, params.window_left,
+                                                   params.window_right);
+  if (!block_keys.empty())
+    for (int tile = block_keys.first / tiles.block_k; tile <= block_keys.last / tiles.block_k; ++tile)
+      location.key_tiles.push_back(tile);
+  const KeyRange row_keys =
+      visible_keys(row, view.seqlen_q, view.seqlen_k, params.window_left, params.window_right);
+  if (!row_keys.empty()) {
+    location.row_first_tile = row_keys.first / tiles.block_k;
+    location.row_last_tile = row_keys.last / tiles.block_k;
+  }
+
+  // Present in every build: the trace store is guarded by params.trace.enabled().
+  CudaGdbStop stop;
+  stop.marker = "cuda-gdb: the online-softmax state";
+  stop.line_offset = 1;
+  stop.condition = "key_tile == {tile} && threadIdx.x == " + std::to_string(location.row_in_block) +
+                   " && blockIdx.x == " + std::to_string(location.block[0]) +
+                   " && blockIdx.y == " + std::to_string(head) +
+                   " && blockIdx.z == " + std::to_string(batch);
+  stop.prints = {"key_tile", "my_row", "running_max", "running_sum",
+                 "accumulator[" + std::to_string(col) + "]"};
+  stop.what = "the row's state after key tile {tile}";
+  location.stops = {stop};
+  return location;
+}
+
+}  // namespace flashlab::fa1_scalar

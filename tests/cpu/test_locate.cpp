@@ -1,0 +1,316 @@
+// flashlab-run --locate: every kernel's KernelVariant::locate against the
+// kernel's own layout formulas, on the host (no GPU). Each (row, col) of a
+// query block must map to one (thread, register slot) of one block, distinct
+// from every other element's; the slot's indices must give back the row and
+// column through the formulas the kernels index their accumulators with; the
+// row's m and l must sit in the out element's quad; the key tiles must follow
+// the variant's visiting order; the persistent fa3 grid's CTA must be the one
+// its work-tile order hands the tile to; the cuda-gdb markers must be in the
+// sources.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "flashlab/harness/dev_kernels.h"
+#include "flashlab/harness/locate.h"
+#include "flashlab/kernel_registry.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90_locate.h"
+
+namespace flashlab {
+namespace {
+
+const KernelVariant& kernel_named(const std::string& name) {
+  const KernelVariant* kernel = find_any_kernel(name);
+  EXPECT_NE(kernel, nullptr) << name;
+  return *kernel;
+}
+
+std::vector<int> head_dims_of(const std::string& name) {
+  if (name == "fa1_scalar") return {32, 64, 100, 128};
+  if (name == "fa2_mma_sm80") return {32, 64, 96, 128, 256};
+  return {64, 128, 256};
+}
+
+ProblemSpec spec_for(const std::string& kernel, int head_dim) {
+  ProblemSpec spec;
+  spec.kernel = kernel;
+  spec.batch = 2;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.seqlen_q = 200;  // not a multiple of any block_q: a partial last tile
+  spec.seqlen_k = 300;
+  spec.head_dim = head_dim;
+  spec.dtype = kernel == "fa1_scalar" ? at::kFloat : at::kHalf;
+  spec.seed = 1;
+  return spec;
+}
+
+// The parameter block on the host, with the tensors its pointers (cu_seqlens) point into.
+struct HostParams {
+  ProblemInputs inputs;
+  AttentionParams params;
+};
+HostParams host_params(const ProblemSpec& spec) {
+  ProblemSpec shape_only = spec;
+  if (!spec.is_varlen()) shape_only.batch = 1;
+  HostParams host;
+  host.inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
+  host.params = forward_params(shape_only, host.inputs);
+  if (!spec.is_varlen()) host.params.batch = spec.batch;
+  return host;
+}
+
+// The (row in block, col) an out slot holds, by the kernel's own indexing:
+//   fa1_scalar   thread threadIdx.x owns row threadIdx.x, accumulator[c] column c;
+//   fa2_mma_sm80 acc_o[mt][n][h * 2 + e]: row warp * kRowsPerWarp + mt * 16 + group + 8 h,
+//                column 8 n + 2 thread_in_group + e (fa2_forward_kernel's output staging);
+//   fa3_wgmma_sm90 acc_o[n * 4 + h * 2 + e]: row (warpgroup - 1) * 64 + warp * 16 + group + 8 h,
+//                column 8 n + 2 thread_in_group + e (fa3_forward_kernel's epilogue).
+std::pair<int, int> element_of(const std::string& kernel, const RegisterSlot& slot, int block_q,
+                               int threads) {
+  const int t = slot.thread[0], lane = t % 32, group = lane / 4, thread_in_group = lane % 4;
+  if (kernel == "fa1_scalar" || kernel == "fa1_scalar_planted_bug") return {t, slot.index.at(0)};
+  if (kernel == "fa2_mma_sm80") {
+    const int rows_per_warp = block_q / (threads / 32);
+    const int mt = slot.index.at(0), n = slot.index.at(1), i = slot.index.at(2);
+    return {(t / 32) * rows_per_warp + mt * 16 + group + (i / 2) * 8,
+            n * 8 + thread_in_group * 2 + i % 2};
+  }
+  const int warpgroup = t / 128, warp = (t % 128) / 32, i = slot.index.at(0);
+  return {(warpgroup - 1) * 64 + warp * 16 + group + ((i % 4) / 2) * 8,
+          (i / 4) * 8 + thread_in_group * 2 + i % 2};
+}
+
+void check_layout(const std::string& name, const ProblemSpec& spec) {
+  SCOPED_TRACE(name + ": " + spec.describe());
+  const KernelVariant& kernel = kernel_named(name);
+  ASSERT_NE(kernel.locate, nullptr);
+  const HostParams host = host_params(spec);
+  const AttentionParams& params = host.params;
+  const TileShape tiles = kernel.tile_shape(params);
+  const int batches = spec.is_varlen() ? static_cast<int>(spec.seqlens_q.size()) : spec.batch;
+  // (block, work tile, thread, slot) -> element (a persistent CTA holds one
+  // work tile at a time); blocks of (batch, head, query tile).
+  std::map<std::tuple<int, int, int, int, int, int, int, std::string>, std::tuple<int, int, int, int>> owner;
+  std::map<std::tuple<int, int, int>, std::tuple<int, int, int>> block_of_tile;
+  for (int batch = 0; batch < batches; ++batch) {
+    const int seqlen_q = spec.is_varlen() ? spec.seqlens_q[batch] : spec.seqlen_q;
+    for (int head = 0; head < spec.heads; head += (spec.heads > 2 ? spec.heads - 1 : 1)) {
+      for (int row = 0; row < seqlen_q; ++row) {
+        for (int col = 0; col < spec.head_dim; ++col) {
+          const ElementLocation at = kernel.locate(params, batch, head, row, col);
+          ASSERT_TRUE(at.unavailable.empty()) << at.unavailable;
+          ASSERT_EQ(at.out.size(), 1u);
+          const RegisterSlot& out = at.out[0];
+          // Inside the launch.
+          for (int axis = 0; axis < 3; ++axis) {
+            ASSERT_GE(at.block[axis], 0);
+            ASSERT_LT(at.block[axis], at.grid[axis]);
+            ASSERT_GE(out.thread[axis], 0);
+            ASSERT_LT(out.thread[axis], at.block_threads[axis]);
+          }
+          ASSERT_EQ(out.warp, out.thread[0] / 32);
+          ASSERT_EQ(out.lane, out.thread[0] % 32);
+          // The query tile is the variant's block_q, the key tiles its block_k.
+          ASSERT_EQ(at.query_block, row / tiles.block_q);
+          ASSERT_EQ(at.row_in_block, row % tiles.block_q);
+          ASSERT_EQ(at.block_k, tiles.block_k);
+          // The slot's indices give the element back by the kernel's formulas.
+          const auto [row_in_block, column] = element_of(name, out, tiles.block_q, at.block_threads[0]);
+          ASSERT_EQ(row_in_block, at.row_in_block) << out.name;
+          ASSERT_EQ(column, col) << out.name;
+          // One element per (block, thread, slot).
+          const auto key = std::make_tuple(at.block[0], at.block[1], at.block[2], batch, head,
+                                           at.query_block, out.thread[0], out.name);
+          const auto element = std::make_tuple(batch, head, row, col);
+          const auto [it, added] = owner.emplace(key, element);
+          ASSERT_TRUE(added) << out.name << " of thread " << out.thread[0] << " holds two elements";
+          // One block per (batch, head, query tile), and never two tiles in one block
+          // (a persistent CTA takes several work tiles: fa3 is checked apart).
+          const auto tile = std::make_tuple(batch, head, at.query_block);
+          const auto block = std::make_tuple(at.block[0], at.block[1], at.block[2]);
+          const auto [tile_it, tile_added] = block_of_tile.emplace(tile, block);
+          ASSERT_EQ(tile_it->second, block);
+          // m and l: the out element's thread is among their holders, all in one
+          // quad of one warp (fa1: the thread itself).
+          ASSERT_EQ(at.row_max.size(), at.row_sum.size());
+          bool holds_own_state = false;
+          for (size_t index = 0; index < at.row_max.size(); ++index) {
+            const RegisterSlot& m = at.row_max[index];
+            ASSERT_EQ(m.thread[0], at.row_sum[index].thread[0]);
+            ASSERT_EQ(m.warp, out.warp);
+            ASSERT_EQ(m.lane / 4, out.lane / 4);
+            holds_own_state |= m.thread[0] == out.thread[0];
+          }
+          ASSERT_TRUE(holds_own_state);
+          // Key tiles in the variant's order, consecutive; the row's within them.
+          for (size_t index = 1; index < at.key_tiles.size(); ++index)
+            ASSERT_EQ(at.key_tiles[index], at.key_tiles[index - 1] + (kernel.key_tiles_descending ? -1 : 1));
+          if (at.row_last_tile >= at.row_first_tile) {
+            ASSERT_FALSE(at.key_tiles.empty());
+            const auto [low, high] = std::minmax(at.key_tiles.front(), at.key_tiles.back());
+            ASSERT_GE(at.row_first_tile, low);
+            ASSERT_LE(at.row_last_tile, high);
+          }
+        }
+        if (row > 2 * tiles.block_q) row += 7;  // rows past the first two tiles: a sample
+      }
+    }
+  }
+  // Fixed-length kernels with a block per query tile: distinct tiles, distinct blocks.
+  if (name != "fa3_wgmma_sm90") {
+    std::set<std::tuple<int, int, int>> blocks;
+    for (const auto& [tile, block] : block_of_tile) ASSERT_TRUE(blocks.insert(block).second);
+  }
+}
+
+const char* const kKernels[] = {"fa1_scalar", "fa2_mma_sm80", "fa3_wgmma_sm90"};
+
+TEST(Locate, EveryRegisteredKernelDescribesItsLayout) {
+  for (const auto& kernel : registered_kernels())
+    EXPECT_NE(kernel.locate, nullptr) << kernel.name << " has no locate hook";
+}
+
+TEST(Locate, EachElementHasOneThreadAndSlotByTheKernelsFormulas) {
+  for (const char* name : kKernels)
+    for (const int head_dim : head_dims_of(name)) {
+      ProblemSpec spec = spec_for(name, head_dim);
+      check_layout(name, spec);
+      spec.causal = true;
+      check_layout(name, spec);
+    }
+  check_layout("fa1_scalar_planted_bug", spec_for("fa1_scalar", 64));
+}
+
+TEST(Locate, VariableLengthGqa) {
+  for (const char* name : kKernels) {
+    ProblemSpec spec = spec_for(name, std::string(name) == "fa3_wgmma_sm90" ? 128 : 64);
+    spec.seqlens_q = {130, 0, 257};
+    spec.seqlens_k = {300, 5, 64};
+    spec.heads = 6;
+    spec.kv_heads = 2;
+    spec.causal = true;
+    check_layout(name, spec);
+    // A row past its sequence is refused.
+    const HostParams host = host_params(spec);
+    const AttentionParams& params = host.params;
+    EXPECT_NE(kernel_named(name).locate(params, 1, 0, 0, 0).unavailable, "");
+    EXPECT_NE(kernel_named(name).locate(params, 0, 0, 130, 0).unavailable, "");
+    EXPECT_EQ(kernel_named(name).locate(params, 0, 0, 129, 0).unavailable, "");
+  }
+}
+
+// The visited key tiles are those of the rows of the row's query tile, as the
+// kernels compute them: a causal block of rows 128..199 with 300 keys.
+TEST(Locate, KeyTilesOfACausalBlock) {
+  ProblemSpec spec = spec_for("fa2_mma_sm80", 64);  // block_q 128, block_k 128
+  spec.causal = true;
+  const ElementLocation at = locate_element(kernel_named("fa2_mma_sm80"), spec, 0, 0, 150, 0);
+  // Row r sees keys 0..r + 100; rows 128..199 see up to key 299: tiles 0, 1, 2.
+  EXPECT_EQ(at.key_tiles, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(at.row_first_tile, 0);
+  EXPECT_EQ(at.row_last_tile, 250 / 128);
+  EXPECT_EQ(at.block[0], 0);  // query tile 1 of 2 launches first: blockIdx.x 0
+  EXPECT_EQ(chosen_key_tile(at), 1);
+  const ElementLocation fa3 = locate_element(kernel_named("fa3_wgmma_sm90"), spec, 0, 0, 150, 0);
+  // fa3 at head_dim 64: 192-row blocks, 128-key tiles, from the last down; rows
+  // 0..191 see keys up to 291, row 150 up to 250: the second tile it sees is 0.
+  EXPECT_EQ(fa3.key_tiles, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(fa3.query_block, 0);
+  EXPECT_EQ(fa3.row_in_block, 150);
+  EXPECT_EQ(chosen_key_tile(fa3), 0);
+}
+
+// fa3's CTA: CTA i takes work tiles i, i + grid, ... in work_tile_at's order
+// (the kernel's own function); the hook must name that CTA for every tile, on
+// H100's limits and on a smaller device's.
+TEST(Locate, Fa3CtaIsTheOneTheWorkTileOrderGivesTheTile) {
+  const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
+  for (const bool causal : {false, true})
+    for (const auto& [sms, l2] : {std::pair{132, 50 << 20}, std::pair{7, 1 << 20}}) {
+      ProblemSpec spec = spec_for("fa3_wgmma_sm90", 128);
+      spec.batch = 3;
+      spec.heads = 6;
+      spec.kv_heads = 3;
+      spec.seqlen_q = 1000;
+      spec.seqlen_k = 4000;
+      spec.causal = causal;
+      const HostParams host = host_params(spec);
+      const AttentionParams& params = host.params;
+      const TileShape tiles = kernel.tile_shape(params);
+      const fa3_wgmma_sm90::Schedule plan = fa3_wgmma_sm90::schedule(params, tiles.block_q, 2, sms, l2);
+      ASSERT_GT(plan.num_work_tiles, plan.grid);  // several tiles per CTA
+      std::set<std::tuple<int, int, int>> seen;
+      for (int index = 0; index < plan.num_work_tiles; ++index) {
+        const fa3_wgmma_sm90::WorkTile work = fa3_wgmma_sm90::work_tile_at(
+            index, plan.num_q_blocks, plan.section_heads, params.heads, params.batch);
+        ASSERT_TRUE(seen.emplace(work.q_block, work.head, work.batch).second);
+        const ElementLocation at = fa3_wgmma_sm90::locate_on(
+            params, work.batch, work.head, work.q_block * tiles.block_q + 5, 3, sms, l2);
+        ASSERT_EQ(at.block[0], index % plan.grid) << "work tile " << index;
+        ASSERT_EQ(at.grid[0], plan.grid);
+      }
+      ASSERT_EQ(static_cast<int>(seen.size()), plan.num_work_tiles);
+    }
+}
+
+// The cuda-gdb stops name lines that exist: every marker of a stop that does
+// not depend on a traced build still in the kernel sources is found (fa1's and
+// fa3's state lines too); the commands name that line.
+TEST(Locate, CudaGdbMarkersAreInTheSources) {
+  for (const char* name : kKernels) {
+    const ProblemSpec spec = spec_for(name, 64);
+    const ElementLocation at = locate_element(kernel_named(name), spec, 1, 3, 77, 5);
+    ASSERT_FALSE(at.stops.empty()) << name;
+    for (const CudaGdbStop& stop : at.stops) {
+      const int line = marker_line(at.source, stop.marker, stop.line_offset);
+      if (!stop.needs_trace || std::string(name) != "fa2_mma_sm80")
+        EXPECT_GT(line, 0) << name << ": no '" << stop.marker << "' in " << at.source;
+    }
+    const std::string text = format_location(kernel_named(name), spec, 1, 3, 77, 5);
+    const std::string file = at.source.substr(at.source.rfind('/') + 1);
+    const int line = marker_line(at.source, at.stops.back().marker, at.stops.back().line_offset);
+    EXPECT_NE(text.find("break " + file + ":" + std::to_string(line) + " if "), std::string::npos) << text;
+    EXPECT_NE(text.find("cuda block ("), std::string::npos) << text;
+  }
+  EXPECT_EQ(marker_line("/nonexistent/file.cuh", "anything"), 0);
+}
+
+TEST(Locate, Fa1ScalarNamesThreadRowAndAccumulator) {
+  ProblemSpec spec = spec_for("fa1_scalar", 32);
+  spec.batch = 1;
+  spec.heads = 2;
+  spec.kv_heads = 1;
+  spec.seqlen_q = 70;
+  spec.seqlen_k = 45;
+  const ElementLocation at = locate_element(kernel_named("fa1_scalar"), spec, 0, 1, 67, 9);
+  EXPECT_EQ(at.block[0], 1);
+  EXPECT_EQ(at.block[1], 1);
+  EXPECT_EQ(at.block[2], 0);
+  EXPECT_EQ(at.out[0].thread[0], 3);
+  EXPECT_EQ(at.out[0].name, "accumulator[9]");
+  EXPECT_EQ(at.row_max[0].name, "running_max");
+  EXPECT_EQ(at.stops[0].condition,
+            "key_tile == {tile} && threadIdx.x == 3 && blockIdx.x == 1 && blockIdx.y == 1 && blockIdx.z == 0");
+}
+
+TEST(Locate, RunOptionsReproduceTheProblem) {
+  ProblemSpec spec = spec_for("fa2_mma_sm80", 64);
+  spec.causal = true;
+  EXPECT_EQ(run_options(spec),
+            "--kernel fa2_mma_sm80 --batch 2 --seqlen-q 200 --seqlen-k 300 --heads 4 --kv-heads 2 "
+            "--head-dim 64 --dtype fp16 --causal --seed 1");
+  spec.seqlens_q = {3, 4};
+  spec.seqlens_k = {5, 6};
+  EXPECT_NE(run_options(spec).find("--seqlens 3,4 --seqlens-k 5,6 --heads"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashlab

@@ -20,7 +20,8 @@
 //
 // Limits: fp16 / bf16; head_dim in HeadDims (32, 64, 96, 128, 256); 16-byte
 // aligned base pointers and strides that are multiples of 8 elements (dout, dq,
-// dk, dv too); no tile tracing. The backward needs 130-160 KB of shared memory
+// dk, dv too). Tile tracing (--trace-tiles) from a traced instantiation of the
+// default tilings, key tiles visited in ascending order. The backward needs 130-160 KB of shared memory
 // per block (refused on compute capabilities that offer less, e.g. 8.6).
 #include <cuda_runtime.h>
 
@@ -279,7 +280,8 @@ KernelVariant fa2_mma_sm80_variant() {
       "cp.async double buffering), fp16/bf16, head_dim " + HeadDims::text("/") +
       ", causal/window, GQA, varlen, deterministic backward";
   variant.architectures = kSm80OrNewer;
-  variant.supports_tile_trace = false;
+  variant.supports_tile_trace = true;  // the traced instantiation (fa2_mma_sm80_kernel.cuh)
+  variant.key_tiles_descending = false;
   variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;
   variant.tile_shape = tile_shape;
   variant.launch = launch;

@@ -20,7 +20,15 @@
 //
 // Limits: fp16 / bf16 only, head_dim a multiple of 32 (one instantiation per
 // head dim), base pointers 16-byte aligned and strides multiples of 8 elements
-// (cp.async moves 16 bytes), no tile tracing, no dropout.
+// (cp.async moves 16 bytes), no dropout.
+//
+// Tile tracing: Trace = true is a separate instantiation (the default tilings
+// only; launch_forward picks it when params.trace.enabled()) that also records
+// each row's m and l after every key tile it visits (record_tile_state,
+// common/tile_trace.h); the untraced, timed build has no trace code.
+// kPlantedSkipRescaleTile >= 0 is the test-only planted bug
+// (src/kernels/dev/fa2_mma_sm80_planted_bug): on that key tile the rescale of
+// l and O is skipped. Registered builds use -1.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,10 +36,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
+#include "common/tile_trace.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -79,7 +89,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Elemen
   }
 }
 
-template <class Tr, typename Element>
+template <class Tr, typename Element, bool Trace, int kPlantedSkipRescaleTile>
 __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const AttentionParams p) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBQ = Tr::kBlockQ;
@@ -267,8 +277,12 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
           float offset;
-          const float correction =
+          float correction =
               online_softmax_rescale(row_max[mt][h], tile_max, scale_log2, offset, exp2);
+          if constexpr (kPlantedSkipRescaleTile >= 0) {
+            // The planted bug: on this key tile l and O keep the old max's scale.
+            if (tile == kPlantedSkipRescaleTile) correction = 1.f;
+          }
           float sum = 0.f;
 #pragma unroll
           for (int n = 0; n < kSTiles; ++n)
@@ -284,6 +298,16 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
           for (int n = 0; n < kOTiles; ++n) {
             acc_o[mt][n][h * 2] *= correction;
             acc_o[mt][n][h * 2 + 1] *= correction;
+          }
+          if constexpr (Trace) {
+            const float running_sum = quad_sum(row_sum[mt][h]);  // the row's l (whole warp)
+            const int row = q0 + warp_row0 + mt * 16 + group + h * 8;
+            if (thread_in_group == 0 && row < seqlen_q) {
+              // Plain locals, so a cuda-gdb condition can name them (with tile, batch, head).
+              const float running_max = row_max[mt][h] * p.softmax_scale;  // natural-log units
+              // cuda-gdb: the online-softmax state of this row after `tile` (tests/debug uses this line).
+              record_tile_state(p, batch, head, row, tile, running_max, running_sum);
+            }
           }
         }
 
@@ -355,9 +379,17 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
   }
 }
 
-template <class Tr, typename Element>
+// kPlantedSkipRescaleTile: -1, or the planted bug's key tile (test-only).
+template <class Tr, typename Element, int kPlantedSkipRescaleTile = -1>
 void launch_forward(const AttentionParams& params) {
-  auto kernel = fa2_forward_kernel<Tr, Element>;
+  // The traced instantiation exists for the default tilings and the planted
+  // bug; the tuning tilings do not record tile states.
+  constexpr bool kTraceable = kPlantedSkipRescaleTile >= 0 ||
+                              std::is_same_v<Tr, typename DefaultTraits<Tr::kHeadDim>::type>;
+  auto kernel = fa2_forward_kernel<Tr, Element, false, kPlantedSkipRescaleTile>;
+  if constexpr (kTraceable) {
+    if (params.trace.enabled()) kernel = fa2_forward_kernel<Tr, Element, true, kPlantedSkipRescaleTile>;
+  }
   constexpr int kSmem = Tr::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) {
     FLASHLAB_CUDA_CHECK(

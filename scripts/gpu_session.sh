@@ -53,16 +53,21 @@ if has info; then
 fi
 
 if has trace; then
-  section "tile-state diff on the planted bug, then on the kernels that record tile states"
+  section "tile-state diff on the planted bugs, then on the kernels that record tile states"
   build/release/flashlab-run --kernel fa1_scalar_planted_bug --batch 1 --heads 2 --kv-heads 1 \
     --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --repeat 0 2>&1 | tail -n 9
-  build/release/flashlab-run --kernel fa1_scalar_planted_bug --batch 1 --heads 2 --kv-heads 1 \
-    --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 6
-  echo "exit code ${PIPESTATUS[0]}"
-  for kernel in fa1_scalar fa3_wgmma_sm90; do
+  for kernel in fa1_scalar_planted_bug fa2_mma_sm80_planted_bug; do
+    build/release/flashlab-run --kernel $kernel --batch 1 --heads 2 --kv-heads 1 \
+      --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 6
+    echo "exit code ${PIPESTATUS[0]}"
+  done
+  for kernel in fa1_scalar fa2_mma_sm80 fa3_wgmma_sm90; do
     build/release/flashlab-run --kernel $kernel --batch 1 --heads 2 --kv-heads 1 \
       --seqlen-q 113 --seqlen-k 203 --head-dim 64 --dtype fp16 --seed 5 --trace-tiles 2>&1 | tail -n 3
   done
+  # fa2 with one m16 slab per warp (head_dim 256: block_q 64, block_k 32), causal, bf16.
+  build/release/flashlab-run --kernel fa2_mma_sm80 --batch 1 --heads 2 --kv-heads 1 --causal \
+    --seqlen-q 113 --seqlen-k 203 --head-dim 256 --dtype bf16 --seed 5 --trace-tiles 2>&1 | tail -n 3
 fi
 
 if has memory; then

@@ -13,7 +13,7 @@
 
 namespace flashlab {
 
-// Kernels with planted bugs (fa1_scalar_planted_bug).
+// Kernels with planted bugs (fa1_scalar_planted_bug, fa2_mma_sm80_planted_bug).
 const std::vector<KernelVariant>& test_only_kernels();
 // Tile configurations of registered kernels, for flashlab-bench --sweep.
 const std::vector<KernelVariant>& tuning_kernels();

@@ -9,11 +9,13 @@
 namespace flashlab {
 
 KernelVariant fa1_scalar_planted_bug_variant();
+KernelVariant fa2_mma_sm80_planted_bug_variant();
 std::vector<KernelVariant> fa2_mma_sm80_tuning_variants();
 
 const std::vector<KernelVariant>& test_only_kernels() {
   static const std::vector<KernelVariant> kernels = {
       fa1_scalar_planted_bug_variant(),
+      fa2_mma_sm80_planted_bug_variant(),
   };
   return kernels;
 }

@@ -296,7 +296,7 @@ TEST(Locate, Fa1ScalarNamesThreadRowAndAccumulator) {
   EXPECT_EQ(at.block[2], 0);
   EXPECT_EQ(at.out[0].thread[0], 3);
   EXPECT_EQ(at.out[0].name, "accumulator[9]");
-  EXPECT_EQ(at.row_max[0].name, "running_max");
+  EXPECT_EQ(at.row_max[0].name, "row_max");
   EXPECT_EQ(at.stops[0].condition,
             "key_tile == {tile} && threadIdx.x == 3 && blockIdx.x == 1 && blockIdx.y == 1 && blockIdx.z == 0");
 }

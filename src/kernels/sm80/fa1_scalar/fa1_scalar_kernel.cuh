@@ -33,6 +33,7 @@
 #include "common/online_softmax.h"
 #include "common/sequence_view.h"
 #include "common/static_switch.h"
+#include "common/tile_trace.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_registry.h"
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(kBlockQ)
   const int key_tile_begin = block_keys.first / kBlockK;
   const int key_tile_end = block_keys.empty() ? key_tile_begin : block_keys.last / kBlockK + 1;
 
-  float running_max = -INFINITY;  // m
-  float running_sum = 0.f;        // l, relative to exp(m)
+  float row_max = -INFINITY;  // m
+  float row_sum = 0.f;        // l, relative to exp(m)
   float accumulator[kHeadDimPadded];
 #pragma unroll
   for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] = 0.f;
@@ -129,9 +130,9 @@ __global__ void __launch_bounds__(kBlockQ)
       if (key_tile > key_tile_begin) {
         // Stored at the neighbouring row's slot: every tile after the first
         // continues from another row's max.
-        row_max_store[(threadIdx.x + 1) % kBlockQ] = running_max;
+        row_max_store[(threadIdx.x + 1) % kBlockQ] = row_max;
         __syncthreads();
-        running_max = row_max_store[threadIdx.x];
+        row_max = row_max_store[threadIdx.x];
       }
     }
     __syncthreads();  // the previous tile is no longer being read
@@ -168,10 +169,10 @@ __global__ void __launch_bounds__(kBlockQ)
     const auto exp_natural = [](float x) { return expf(x); };
     float offset;
     const float rescale =
-        online_softmax_rescale(running_max, fmaxf(running_max, tile_max), 1.f, offset, exp_natural);
+        online_softmax_rescale(row_max, fmaxf(row_max, tile_max), 1.f, offset, exp_natural);
     // A row that has seen no visible key yet (out of range, above a causal
     // diagonal) adds nothing: skip its P.V loop, the bulk of the work.
-    if (running_max != -INFINITY) {
+    if (row_max != -INFINITY) {
       float tile_sum = 0.f;
 #pragma unroll
       for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
@@ -183,22 +184,20 @@ __global__ void __launch_bounds__(kBlockQ)
         for (int c = 0; c < kHeadDimPadded; ++c)
           accumulator[c] += probability * v_tile[j * kHeadDimPadded + c];
       }
-      running_sum = running_sum * rescale + tile_sum;
+      row_sum = row_sum * rescale + tile_sum;
     }
 
+    // The row's state after this tile in plain locals, made before the line
+    // cuda-gdb stops at (not at the merge point of the `if` above: see README).
+    const float running_max = row_max, running_sum = row_sum;
     // cuda-gdb: the online-softmax state of this row after key_tile (tests/debug uses this line).
-    if (params.trace.enabled() && row_in_range) {
-      const int64_t index =
-          ((static_cast<int64_t>(batch) * params.heads + head) * params.seqlen_q + my_row) *
-              params.trace.num_key_tiles + key_tile;
-      params.trace.row_max[index] = running_max;
-      params.trace.row_sum[index] = running_sum;
-    }
+    if (params.trace.enabled() && row_in_range)
+      record_tile_state(params, batch, head, my_row, key_tile, running_max, running_sum);
   }
 
   if (!row_in_range) return;
   // A row that saw no key (fully masked) gets output 0 and LSE -inf.
-  const SoftmaxResult result = online_softmax_finish(running_max, running_sum, 1.f);
+  const SoftmaxResult result = online_softmax_finish(row_max, row_sum, 1.f);
   Element* my_out = out + my_row * params.out_row_stride;
 #pragma unroll
   for (int c = 0; c < kHeadDimPadded; ++c)

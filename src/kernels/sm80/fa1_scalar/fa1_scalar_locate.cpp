@@ -2,8 +2,9 @@
 // state live while fa1_scalar_kernel runs (see fa1_scalar_kernel.cuh and its
 // launch_with_head_dim): grid (ceil(seqlen_q / 64), heads, batch), 64 threads,
 // thread threadIdx.x owns row query_tile * 64 + threadIdx.x of its (batch,
-// head); its O is accumulator[col] (unnormalized), its m and l are
-// running_max and running_sum. Host only.
+// head); its O is accumulator[col] (unnormalized), its m and l are row_max
+// and row_sum (copied into running_max and running_sum at the cuda-gdb stop,
+// the values the trace stores). Host only.
 #include "sm80/fa1_scalar/fa1_scalar_locate.h"
 
 #include <string>
@@ -44,12 +45,12 @@ ElementLocation locate(const AttentionParams& params, int batch, int head, int r
   RegisterSlot out = thread, m = thread, l = thread;
   out.name = "accumulator[" + std::to_string(col) + "]";
   out.index = {col};
-  m.name = "running_max";
-  l.name = "running_sum";
+  m.name = "row_max";
+  l.name = "row_sum";
   location.out = {out};
   location.row_max = {m};
   location.row_sum = {l};
-  location.out_note = "float32, unnormalized (out = accumulator[col] / running_sum after the last tile)";
+  location.out_note = "float32, unnormalized (out = accumulator[col] / row_sum after the last tile)";
   location.state_note = "m in natural-log units of the scaled scores; l relative to exp(m)";
 
   // The key tiles the block visits (fa1_scalar_kernel: block_keys), ascending.

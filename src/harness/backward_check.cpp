@@ -237,6 +237,19 @@ BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckO
   result.dq = std::move(gradient_reports.dq);
   result.dk = std::move(gradient_reports.dk);
   result.dv = std::move(gradient_reports.dv);
+  // NaN/inf: where the first one is and whether its row's inputs were finite.
+  bool any_nonfinite = false;
+  for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
+    any_nonfinite |= report->nan_count + report->inf_count > 0;
+  if (any_nonfinite) {
+    const OriginInputs forward_origin = origin_inputs(spec, inputs, params);
+    const OriginInputs origin = origin_inputs(spec, inputs, params, dout);
+    explain_nonfinite(result.out, outputs.out, forward_reference.reference.out, forward_origin, RowKind::query);
+    explain_nonfinite(result.lse, outputs.lse, forward_reference.reference.lse, forward_origin, RowKind::lse);
+    explain_nonfinite(result.dq, gradients.dq, reference.reference.dq, origin, RowKind::query);
+    explain_nonfinite(result.dk, gradients.dk, reference.reference.dk, origin, RowKind::key);
+    explain_nonfinite(result.dv, gradients.dv, reference.reference.dv, origin, RowKind::key);
+  }
   if (options.timed_launches > 0) {
     EventTimer timer;
     result.forward_ms = timer.median_ms([&] { run_forward(kernel, spec, inputs, outputs); },

@@ -136,6 +136,50 @@ std::string ComparisonReport::format() const {
     text << "  bad elements span flat indices " << first_bad->flat_index << ".."
          << last_bad->flat_index << "\n";
   }
+  if (nonfinite) text << nonfinite->format();
+  return text.str();
+}
+
+std::string NonFiniteOrigin::format() const {
+  std::ostringstream text;
+  text << std::setprecision(6) << "  first NaN/inf: " << (varlen ? "sequence " : "batch ") << batch
+       << ", " << (rows_are_keys ? "kv head " : "head ") << head << ", "
+       << (rows_are_keys ? "key " : "row ") << row << ", col " << col << " = " << value << "\n";
+  if (rows_are_keys) {
+    text << "  its inputs: k and v rows " << (own_nonfinite == 0 ? "finite" : "hold ")
+         << (own_nonfinite == 0 ? "" : std::to_string(own_nonfinite) + " non-finite values");
+    if (seen_rows == 0)
+      text << "; no query row sees this key";
+    else {
+      text << "; the query rows that see it (" << seen_rows << " (row, head) pairs, rows "
+           << first_seen << ".." << last_seen << "): ";
+      if (seen_nonfinite_rows == 0)
+        text << "q finite";
+      else
+        text << seen_nonfinite_rows << " with a non-finite q, first row " << first_nonfinite_seen;
+    }
+  } else {
+    text << "  its inputs: q row " << (own_nonfinite == 0 ? "finite" : "holds ")
+         << (own_nonfinite == 0 ? "" : std::to_string(own_nonfinite) + " non-finite values");
+    if (seen_rows == 0)
+      text << "; it sees no key";
+    else {
+      text << "; the keys it sees (" << first_seen << ".." << last_seen << ", " << seen_rows
+           << " rows of k and v): ";
+      if (seen_nonfinite_rows == 0)
+        text << "finite";
+      else
+        text << seen_nonfinite_rows << " with a non-finite value, first key " << first_nonfinite_seen;
+    }
+  }
+  if (dout_nonfinite >= 0)
+    text << "; dout " << (dout_nonfinite == 0 ? "finite" : std::to_string(dout_nonfinite) + " non-finite values");
+  text << "\n";
+  if (inputs_finite())
+    text << "  -> finite inputs: the kernel made it (or never wrote it: outputs start as NaN); "
+            "--trace-tiles names the first key tile whose m or l went non-finite\n";
+  else
+    text << "  -> the inputs already hold a NaN/inf that this element depends on\n";
   return text.str();
 }
 

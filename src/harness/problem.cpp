@@ -18,6 +18,7 @@
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/harness/random_inputs.h"
 #include "flashlab/harness/reference.h"
+#include "common/visible_keys.h"
 #include "json_text.h"
 
 namespace flashlab {
@@ -43,6 +44,30 @@ at::Tensor prefix_sums(const std::vector<int>& lengths, at::Device device) {
   return at::tensor(offsets, at::TensorOptions().dtype(at::kInt)).to(device);
 }
 
+
+// A packed (total, H, D) tensor as one batch of rows; (B, H, S) LSE as (B, S, H, 1).
+at::Tensor as_rows(const at::Tensor& values) { return values.dim() == 3 ? values.unsqueeze(0) : values; }
+at::Tensor lse_as_rows(const at::Tensor& values) {
+  return values.dim() == 2 ? values.t().unsqueeze(0).unsqueeze(-1) : values.permute({0, 2, 1}).unsqueeze(-1);
+}
+
+// Non-finite values of one (row, head) of a (B, S, H, D) or packed (total, H, D) tensor.
+int64_t nonfinite_in_row(const at::Tensor& tensor, int64_t batch, int64_t packed_row, int64_t row,
+                         int64_t head) {
+  const at::Tensor values = tensor.dim() == 3 ? tensor[packed_row][head] : tensor[batch][row][head];
+  return at::isfinite(values).logical_not().sum().item<int64_t>();
+}
+
+// Rows first..first + count - 1 of heads [head, head + heads) of one sequence:
+// (count, heads, D).
+at::Tensor row_block(const at::Tensor& tensor, int64_t batch, int64_t row0, int64_t first, int64_t count,
+                     int64_t head, int64_t heads) {
+  const at::Tensor sequence = tensor.dim() == 3 ? tensor.narrow(0, row0, tensor.size(0) - row0) : tensor[batch];
+  return sequence.narrow(0, first, count).narrow(1, head, heads);
+}
+
+// Per row of a (count, heads, D) block: whether any value is NaN/inf, (count, heads).
+at::Tensor nonfinite_rows(const at::Tensor& block) { return at::isfinite(block).logical_not().any(-1); }
 
 }  // namespace
 
@@ -268,6 +293,106 @@ ForwardTolerance forward_tolerance(const ProblemSpec& spec, const ForwardReferen
                          max_finite_abs_difference(exact.lse.to(at::kFloat), exact.lse))};
 }
 
+OriginInputs origin_inputs(const ProblemSpec& spec, const ProblemInputs& inputs,
+                           const AttentionParams& params, const at::Tensor& dout) {
+  OriginInputs origin;
+  const auto host = [](const at::Tensor& tensor) {
+    return tensor.defined() ? tensor.detach().to(at::kCPU, at::kFloat) : tensor;
+  };
+  origin.q = host(inputs.q);
+  origin.k = host(inputs.k);
+  origin.v = host(inputs.v);
+  origin.dout = host(dout);
+  if (spec.is_varlen()) {
+    const auto prefix = [](const at::Tensor& offsets) {
+      const at::Tensor values = offsets.to(at::kCPU, at::kInt).contiguous();
+      return std::vector<int>(values.data_ptr<int>(), values.data_ptr<int>() + values.numel());
+    };
+    origin.cu_seqlens_q = prefix(inputs.cu_seqlens_q);
+    origin.cu_seqlens_k = prefix(inputs.cu_seqlens_k);
+  }
+  origin.window_left = params.window_left;
+  origin.window_right = params.window_right;
+  return origin;
+}
+
+void explain_nonfinite(ComparisonReport& report, const at::Tensor& actual, const at::Tensor& expected,
+                       const OriginInputs& inputs, RowKind kind) {
+  const auto rows = [&](const at::Tensor& values) {
+    return (kind == RowKind::lse ? lse_as_rows(values) : as_rows(values)).detach().to(at::kCPU, at::kDouble);
+  };
+  const at::Tensor got = rows(actual), want = rows(expected);
+  const at::Tensor bad = at::isfinite(got).logical_not() & (got == want).logical_not() &
+                         (at::isnan(got) & at::isnan(want)).logical_not();
+  const at::Tensor where = bad.nonzero();  // row-major: (batch, row, head, col) order
+  if (where.size(0) == 0) return;
+  const int64_t batch0 = where[0][0].item<int64_t>(), packed_row = where[0][1].item<int64_t>();
+  NonFiniteOrigin origin;
+  origin.head = where[0][2].item<int64_t>();
+  origin.col = where[0][3].item<int64_t>();
+  origin.value = got[batch0][packed_row][origin.head][origin.col].item<double>();
+  origin.rows_are_keys = kind == RowKind::key;
+  origin.varlen = !inputs.cu_seqlens_q.empty();
+  const std::vector<int>& own_offsets = origin.rows_are_keys ? inputs.cu_seqlens_k : inputs.cu_seqlens_q;
+  origin.batch = batch0;
+  origin.row = packed_row;
+  if (origin.varlen) {
+    origin.batch = std::upper_bound(own_offsets.begin(), own_offsets.end(), static_cast<int>(packed_row)) -
+                   own_offsets.begin() - 1;
+    origin.row = packed_row - own_offsets[origin.batch];
+  }
+  const int64_t b = origin.batch;
+  const int q_row0 = origin.varlen ? inputs.cu_seqlens_q[b] : 0;
+  const int k_row0 = origin.varlen ? inputs.cu_seqlens_k[b] : 0;
+  const int seqlen_q = origin.varlen ? inputs.cu_seqlens_q[b + 1] - q_row0 : static_cast<int>(inputs.q.size(1));
+  const int seqlen_k = origin.varlen ? inputs.cu_seqlens_k[b + 1] - k_row0 : static_cast<int>(inputs.k.size(1));
+  const int64_t heads = inputs.q.size(-2), group = heads / inputs.k.size(-2);
+  const bool has_dout = inputs.dout.defined();
+  if (!origin.rows_are_keys) {
+    const int64_t row = origin.row, head = origin.head, kv_head = head / group;
+    origin.own_nonfinite = nonfinite_in_row(inputs.q, b, q_row0 + row, row, head);
+    if (has_dout) origin.dout_nonfinite = nonfinite_in_row(inputs.dout, b, q_row0 + row, row, head);
+    const KeyRange keys = visible_keys(static_cast<int>(row), seqlen_q, seqlen_k, inputs.window_left,
+                                       inputs.window_right);
+    if (!keys.empty()) {
+      origin.first_seen = keys.first, origin.last_seen = keys.last;
+      origin.seen_rows = keys.last - keys.first + 1;
+      const at::Tensor bad_keys =
+          (nonfinite_rows(row_block(inputs.k, b, k_row0, keys.first, origin.seen_rows, kv_head, 1)) |
+           nonfinite_rows(row_block(inputs.v, b, k_row0, keys.first, origin.seen_rows, kv_head, 1)))
+              .squeeze(1);
+      origin.seen_nonfinite_rows = bad_keys.sum().item<int64_t>();
+      if (origin.seen_nonfinite_rows > 0)
+        origin.first_nonfinite_seen = keys.first + bad_keys.nonzero()[0][0].item<int64_t>();
+    }
+  } else {
+    const int64_t key = origin.row, kv_head = origin.head;
+    origin.own_nonfinite = nonfinite_in_row(inputs.k, b, k_row0 + key, key, kv_head) +
+                           nonfinite_in_row(inputs.v, b, k_row0 + key, key, kv_head);
+    const KeyRange query_rows = visible_rows_of_keys(static_cast<int>(key), static_cast<int>(key), seqlen_q,
+                                                     seqlen_k, inputs.window_left, inputs.window_right);
+    if (!query_rows.empty()) {
+      const int64_t count = query_rows.last - query_rows.first + 1;
+      origin.first_seen = query_rows.first, origin.last_seen = query_rows.last;
+      origin.seen_rows = count * group;
+      const at::Tensor bad_rows =
+          nonfinite_rows(row_block(inputs.q, b, q_row0, query_rows.first, count, kv_head * group, group));
+      origin.seen_nonfinite_rows = bad_rows.sum().item<int64_t>();
+      if (origin.seen_nonfinite_rows > 0)
+        origin.first_nonfinite_seen = query_rows.first + bad_rows.any(1).nonzero()[0][0].item<int64_t>();
+      if (has_dout)
+        origin.dout_nonfinite =
+            at::isfinite(row_block(inputs.dout, b, q_row0, query_rows.first, count, kv_head * group, group))
+                .logical_not()
+                .sum()
+                .item<int64_t>();
+    } else if (has_dout) {
+      origin.dout_nonfinite = 0;
+    }
+  }
+  report.nonfinite = origin;
+}
+
 ComparisonReport compare_rows(const std::string& name, const at::Tensor& actual,
                               const at::Tensor& expected, double tolerance,
                               const TileContext& context) {
@@ -332,6 +457,11 @@ CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_opti
       compare_forward(spec, params, result.tiles, outputs, reference, tolerance);
   result.out = std::move(comparison.out);
   result.lse = std::move(comparison.lse);
+  if (result.out.nan_count + result.out.inf_count + result.lse.nan_count + result.lse.inf_count > 0) {
+    const OriginInputs origin = origin_inputs(spec, inputs, params);
+    explain_nonfinite(result.out, outputs.out, reference.reference.out, origin, RowKind::query);
+    explain_nonfinite(result.lse, outputs.lse, reference.reference.lse, origin, RowKind::lse);
+  }
   if (check_options.timed_launches > 0)
     result.kernel_ms = EventTimer().median_ms([&] { run_forward(kernel, spec, inputs, outputs); },
                                               check_options.timed_launches);

@@ -25,7 +25,41 @@ at::Tensor states_differ(const at::Tensor& actual, const at::Tensor& expected) {
   return (too_far | at::isnan(error)) & both_minus_infinity.logical_not();
 }
 
+// A quiet NaN with a payload no arithmetic produces (CUDA's NaN is 0x7fffffff).
+constexpr int32_t kUnwrittenBits = 0x7fc0f1a5;
+
 }  // namespace
+
+at::Tensor unwritten_trace_states(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::full(sizes, kUnwrittenBits, options.dtype(at::kInt)).view(at::kFloat);
+}
+
+at::Tensor recorded_states(const at::Tensor& row_max) {
+  return row_max.contiguous().view(at::kInt) != kUnwrittenBits;
+}
+
+std::optional<TileStateDifference> first_nonfinite_state(const at::Tensor& row_max,
+                                                         const at::Tensor& row_sum,
+                                                         const at::Tensor& recorded,
+                                                         bool descending) {
+  const at::Tensor m = row_max.to(at::kCPU, at::kDouble), l = row_sum.to(at::kCPU, at::kDouble);
+  const at::Tensor m_bad = (at::isnan(m) | (m == std::numeric_limits<double>::infinity())) & recorded.cpu();
+  const at::Tensor l_bad = at::isfinite(l).logical_not() & recorded.cpu();
+  const at::Tensor states = (m_bad | l_bad).permute({3, 0, 1, 2}).nonzero();  // key tile first
+  if (states.size(0) == 0) return std::nullopt;
+  const int64_t key_tile = states.select(0, descending ? states.size(0) - 1 : 0)[0].item<int64_t>();
+  const at::Tensor in_tile = (m_bad | l_bad).select(3, key_tile).nonzero().select(0, 0);
+  TileStateDifference state;
+  state.key_tile = key_tile;
+  state.batch = in_tile[0].item<int64_t>();
+  state.head = in_tile[1].item<int64_t>();
+  state.row = in_tile[2].item<int64_t>();
+  const bool max_is_bad = m_bad[state.batch][state.head][state.row][key_tile].item<bool>();
+  state.statistic = max_is_bad ? "m" : "l";
+  state.kernel_value = (max_is_bad ? m : l)[state.batch][state.head][state.row][key_tile].item<double>();
+  state.expected_value = std::numeric_limits<double>::quiet_NaN();
+  return state;
+}
 
 ExpectedTileStates expected_tile_states(const at::Tensor& q, const at::Tensor& k, double softmax_scale,
                                         int window_left, int window_right, int block_k,
@@ -86,10 +120,11 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   report.key_tiles_descending = kernel.key_tiles_descending;
   report.key_tiles = (spec.seqlen_k + report.tiles.block_k - 1) / report.tiles.block_k;
   const auto float_options = inputs.q.options().dtype(at::kFloat);
-  // NaN marks (row, tile) states the kernel never wrote: tiles skipped whole.
-  const at::Tensor row_max = at::full({spec.batch, spec.heads, spec.seqlen_q, report.key_tiles},
-                                      std::numeric_limits<double>::quiet_NaN(), float_options);
-  const at::Tensor row_sum = at::full_like(row_max, std::numeric_limits<double>::quiet_NaN());
+  // unwritten_trace_states marks (row, tile) states the kernel never wrote:
+  // tiles skipped whole. A state it wrote as NaN counts as recorded.
+  const at::Tensor row_max =
+      unwritten_trace_states({spec.batch, spec.heads, spec.seqlen_q, report.key_tiles}, float_options);
+  const at::Tensor row_sum = unwritten_trace_states(row_max.sizes(), float_options);
   params.trace.row_max = row_max.data_ptr<float>();
   params.trace.row_sum = row_sum.data_ptr<float>();
   params.trace.num_key_tiles = static_cast<int>(report.key_tiles);
@@ -99,11 +134,12 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   const ExpectedTileStates expected = expected_tile_states(
       inputs.q, inputs.k, params.softmax_scale, params.window_left, params.window_right,
       report.tiles.block_k, kernel.key_tiles_descending);
-  const at::Tensor recorded = at::isnan(row_max).logical_not();
+  const at::Tensor recorded = recorded_states(row_max);
   const at::Tensor max_differs = states_differ(row_max.to(at::kDouble), expected.row_max) & recorded;
   const at::Tensor sum_differs = states_differ(row_sum.to(at::kDouble), expected.row_sum) & recorded;
   report.recorded = recorded.sum().item<int64_t>();
   report.differing = (max_differs | sum_differs).sum().item<int64_t>();
+  report.first_nonfinite = first_nonfinite_state(row_max, row_sum, recorded, kernel.key_tiles_descending);
   if (report.differing == 0) return report;
 
   // The earliest key tile where any row departs is where the bug starts; within
@@ -169,6 +205,16 @@ std::string TileTraceReport::format() const {
            << " matches: look at what carries the state from one key tile to the next\n";
   } else if (recorded > 0) {
     text << "all recorded states match\n";
+  }
+  if (first_nonfinite) {
+    const auto& d = *first_nonfinite;
+    text << "first non-finite state (visiting order): key tile " << d.key_tile << " (keys "
+         << d.key_tile * tiles.block_k << ".." << (d.key_tile + 1) * tiles.block_k - 1 << "), batch "
+         << d.batch << ", head " << d.head << ", row " << d.row << ", statistic " << d.statistic
+         << (d.statistic == "m" ? " (running max)" : " (running sum)") << " = " << d.kernel_value
+         << "\n";
+  } else if (recorded > 0) {
+    text << "no recorded m or l is NaN or inf\n";
   }
   return text.str();
 }

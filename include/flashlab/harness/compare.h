@@ -30,6 +30,31 @@ struct ElementPosition {
   double actual = 0, expected = 0, abs_error = 0;
 };
 
+// Where the first NaN/inf of a kernel's tensor sits (one the reference does
+// not have) and whether the inputs its row depends on were finite: set by
+// explain_nonfinite (problem.h), printed by ComparisonReport::format.
+struct NonFiniteOrigin {
+  // Rows within their sequence (varlen: batch is the sequence); for key rows
+  // (dk, dv) head is the kv head and row a key.
+  int64_t batch = 0, head = 0, row = 0, col = 0;
+  double value = 0;
+  bool rows_are_keys = false;
+  bool varlen = false;
+  // Query rows: the q row's non-finite values; key rows: the k and v rows'.
+  int64_t own_nonfinite = 0;
+  // Query rows: the keys the row sees (k and v rows of its kv head); key rows:
+  // the (query row, head) pairs of the kv head's group that see the key (their q rows).
+  int64_t seen_rows = 0;
+  int64_t seen_nonfinite_rows = 0;  // of those, rows with a non-finite value
+  int64_t first_seen = -1, last_seen = -1;     // the seen keys (query rows: key interval)
+  int64_t first_nonfinite_seen = -1;           // the first such key or query row
+  int64_t dout_nonfinite = -1;  // backward: non-finite values of the row's dout (key rows: of the rows that see it); -1: no dout
+  bool inputs_finite() const {
+    return own_nonfinite == 0 && seen_nonfinite_rows == 0 && dout_nonfinite <= 0;
+  }
+  std::string format() const;  // lines, two-space indented
+};
+
 struct ComparisonReport {
   std::string name;  // "out", "lse"
   double tolerance = 0;
@@ -43,6 +68,7 @@ struct ComparisonReport {
   ElementPosition max_rel_at;
   std::optional<ElementPosition> first_bad, last_bad;
   TileContext context;
+  std::optional<NonFiniteOrigin> nonfinite;  // when some element is NaN/inf (explain_nonfinite)
 
   bool passed() const { return over_tolerance == 0 && nan_count == 0 && inf_count == 0; }
   std::string format() const;  // multi-line, human readable

@@ -144,6 +144,27 @@ ComparisonReport compare_lse_rows(const std::string& name, const at::Tensor& act
 // What the tile report needs to name tiles (no tiles for varlen: packed rows mix sequences).
 TileContext tile_context(const ProblemSpec& spec, const AttentionParams& params, const TileShape& tiles);
 
+// NaN/inf origin: what a report needs to say whether a row's inputs were
+// finite. Tensors as the kernel got them ((B, S, H, D), or packed (total, H, D)
+// with host prefix sums); dout only for the backward.
+struct OriginInputs {
+  at::Tensor q, k, v, dout;
+  std::vector<int> cu_seqlens_q, cu_seqlens_k;  // empty for fixed length
+  int window_left = -1, window_right = -1;
+};
+OriginInputs origin_inputs(const ProblemSpec& spec, const ProblemInputs& inputs,
+                           const AttentionParams& params, const at::Tensor& dout = at::Tensor());
+// What the rows of a compared tensor are: out and dq (query rows, like q),
+// lse ((B, H, S) or packed (H, total)), dk and dv (key rows, like k).
+enum class RowKind { query, lse, key };
+// When `actual` holds a NaN/inf the reference does not (equal infinities and
+// NaN against NaN do not count), sets report.nonfinite: the first one in
+// (batch, row, head, col) order, and the finiteness of its row's inputs (query
+// rows: the q row, the k/v rows of the keys it sees under the mask, dout; key
+// rows: the k/v row, the q and dout rows of the query rows that see it).
+void explain_nonfinite(ComparisonReport& report, const at::Tensor& actual, const at::Tensor& expected,
+                       const OriginInputs& inputs, RowKind kind);
+
 struct ForwardComparison {
   ComparisonReport out, lse;
 };

@@ -43,9 +43,26 @@ struct TileTraceReport {
   int64_t recorded = 0;   // (row, tile) states the kernel wrote (tiles it skipped whole are not)
   int64_t differing = 0;  // states where m or l departs
   std::optional<TileStateDifference> first_difference;  // first key tile visited, then batch, head, row
+  // The first recorded state (in visiting order) whose m is NaN or +inf or
+  // whose l is NaN or inf: where a NaN/inf entered the online softmax.
+  std::optional<TileStateDifference> first_nonfinite;
   bool matches() const { return recorded > 0 && differing == 0; }
   std::string format() const;
 };
+
+// What the trace buffers hold before the launch: a NaN of its own bit pattern
+// (no kernel computes it), so a state the kernel never wrote is told apart
+// from one it wrote as NaN. recorded_states: true where the kernel wrote.
+at::Tensor unwritten_trace_states(at::IntArrayRef sizes, const at::TensorOptions& options);
+at::Tensor recorded_states(const at::Tensor& row_max);
+
+// The first (in visiting order, then batch, head, row) recorded state whose m
+// is NaN or +inf or whose l is NaN or +-inf; statistic "m" when m is, else "l".
+// row_max, row_sum, recorded: (batch, heads, seqlen_q, key tiles).
+std::optional<TileStateDifference> first_nonfinite_state(const at::Tensor& row_max,
+                                                         const at::Tensor& row_sum,
+                                                         const at::Tensor& recorded,
+                                                         bool descending);
 
 // Runs `kernel` (a registered or test-only one) on the spec's inputs with tile
 // tracing on and diffs the recorded states against expected_tile_states.

@@ -94,7 +94,7 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   location.state_note =
       "row_max is in raw score units (m = row_max * softmax_scale), the same in the quad's four "
       "lanes; row_sum is each lane's partial sum: l is the sum over the four lanes (the traced "
-      "build's `sum` at the state line is that sum)";
+      "build's `running_sum` at the state line is that sum)";
 
   // Visited from the last key tile down (key_tiles in the kernel).
   location.block_k = Tr::kBlockN;
@@ -120,7 +120,7 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   traced.condition = "tile == {tile} && row == " + std::to_string(row) + " && batch == " +
                      std::to_string(batch) + " && head == " + std::to_string(head);
   traced.focus_needed = false;
-  traced.prints = {"tile", "row", "running_max", "sum"};
+  traced.prints = {"tile", "row", "running_max", "running_sum"};
   traced.what = "the row's m (natural-log units) and l (the quad's sum) after key tile {tile}";
 
   // Every build: the steady-state loop, right after the tile's softmax (the

@@ -11,6 +11,8 @@
 #                   focus is the thread that hit it (the quad leader, lane
 #                   4 * (row % 8), that owns the row).
 #   fa3_wgmma_sm90  the same, inside a consumer warpgroup.
+# For fa2 and fa3 the thread that stopped must be the one
+# `flashlab-run --locate B,H,ROW` names for the row (block and thread).
 # Exit 77 (CTest: skipped) without cuda-gdb or a GPU (or, for fa3, an sm_90 GPU).
 # Usage: cuda_gdb_breakpoint.sh path/to/flashlab-run <kernel> path/to/kernel_source.cuh
 set -uo pipefail
@@ -76,6 +78,15 @@ rm -f "$commands"
 echo "$transcript" | grep -vE "^\[(New|Thread|Inferior|Detaching)|Cuda Driver error detected" | tail -n 25
 values=($(grep -E '^\$[0-9]+ = ' <<<"$transcript" | sed -E 's/^\$[0-9]+ = //'))
 if [ ${#values[@]} -lt 3 ]; then echo "FAIL: cuda-gdb printed no values"; exit 1; fi
+if [ "$kernel" != fa1_scalar ]; then
+  located=$("$run" $problem --locate 0,$head,$row | grep -o "expect block ([0-9,]*) thread ([0-9,]*)" | head -n 1)
+  located=${located#expect }
+  stopped=$(grep "Switching focus to CUDA kernel" <<<"$transcript" | tail -n 1 |
+            sed -E 's/.*(block \([0-9,]+\)), (thread \([0-9,]+\)).*/\1 \2/')
+  echo "--locate: $located; cuda-gdb stopped in: $stopped"
+  [ -n "$located" ] && [ "$located" = "$stopped" ] ||
+    { echo "FAIL: the breakpoint stopped in $stopped, --locate named ${located:-nothing}"; exit 1; }
+fi
 expected=$("$run" $problem --trace-tiles --show-state 0,$head,$row,$tile | grep "expected state")
 echo "harness: $expected"
 echo "cuda-gdb: tile ${values[0]} running_max ${values[1]} running_sum ${values[2]}"

@@ -6,6 +6,7 @@
 #include <functional>
 #include <iostream>
 #include <random>
+#include <utility>
 
 #include "flashlab/harness/backward_check.h"
 
@@ -61,6 +62,25 @@ void KernelCaseTest::SetUp() {
       kernel_case.backward ? backward_unsupported_reason(*kernel, spec_, device_compute_capability())
                            : unsupported_reason(*kernel, spec_, device_compute_capability());
   if (!reason.empty()) GTEST_SKIP() << reason;
+}
+
+ProblemSpec steps_fixed_length_spec() {
+  ProblemSpec spec;
+  spec.kernel = "fa1_scalar";
+  spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
+  spec.seqlen_q = 37, spec.seqlen_k = 53;
+  spec.head_dim = 40;
+  spec.dtype = at::kHalf;
+  spec.causal = true;
+  spec.seed = test_seed();
+  return spec;
+}
+
+ProblemSpec steps_varlen_spec(std::vector<int> seqlens_k) {
+  ProblemSpec spec = steps_fixed_length_spec();
+  spec.seqlens_q = {5, 0, 37, 1};
+  spec.seqlens_k = std::move(seqlens_k);
+  return spec;
 }
 
 at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype) {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "flashlab/harness/problem.h"
 #include "kernel_cases.h"
@@ -41,6 +42,14 @@ class KernelCaseTest : public ::testing::TestWithParam<KernelCase> {
   void SetUp() override;
   ProblemSpec spec_;
 };
+
+// The small CPU problem the forward and backward check-steps tests share:
+// fa1_scalar, causal fp16 GQA (4 heads over 2), lengths off the tile sizes.
+ProblemSpec steps_fixed_length_spec();
+
+// Its varlen form: query lengths {5, 0, 37, 1} (an empty and a one-row
+// sequence) over the given key lengths.
+ProblemSpec steps_varlen_spec(std::vector<int> seqlens_k);
 
 // A zero-filled CPU tensor, for validation tests that never reach a kernel.
 at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kHalf);

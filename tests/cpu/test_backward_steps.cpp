@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <vector>
 
 #include "flashlab/harness/backward_check.h"
 #include "flashlab/harness/problem.h"
@@ -15,24 +16,9 @@
 namespace flashlab::testing {
 namespace {
 
-ProblemSpec fixed_length_spec() {
-  ProblemSpec spec;
-  spec.kernel = "fa1_scalar";
-  spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
-  spec.seqlen_q = 37, spec.seqlen_k = 53;
-  spec.head_dim = 40;
-  spec.dtype = at::kHalf;
-  spec.causal = true;
-  spec.seed = test_seed();
-  return spec;
-}
-
-ProblemSpec varlen_spec() {
-  ProblemSpec spec = fixed_length_spec();
-  spec.seqlens_q = {5, 0, 37, 1};
-  spec.seqlens_k = {11, 3, 53, 0};
-  return spec;
-}
+// The varlen problem's key lengths: sequence 2 keeps the fixed length's 53, so
+// its gradients equal the fixed-length reference's.
+const std::vector<int> kVarlenSeqlensK = {11, 3, 53, 0};
 
 struct Steps {
   ProblemInputs inputs;
@@ -61,7 +47,7 @@ Gradients same_precision_gradients(const Steps& steps) {
 class BackwardSteps : public ::testing::TestWithParam<bool> {};
 
 TEST_P(BackwardSteps, ComposeIntoFlashAttnGradientRule) {
-  const ProblemSpec problem = GetParam() ? varlen_spec() : fixed_length_spec();
+  const ProblemSpec problem = GetParam() ? steps_varlen_spec(kVarlenSeqlensK) : steps_fixed_length_spec();
   SCOPED_TRACE(problem.describe());
   const Steps steps = run_steps(problem);
   const TileShape tiles{16, 32};
@@ -152,7 +138,7 @@ INSTANTIATE_TEST_SUITE_P(FixedLengthAndVarlen, BackwardSteps, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "varlen" : "fixed_length"; });
 
 TEST(BackwardCheckParts, PackedQkvGradientsShareOneBuffer) {
-  ProblemSpec spec = fixed_length_spec();
+  ProblemSpec spec = steps_fixed_length_spec();
   spec.seqlen_k = spec.seqlen_q;
   spec.layout = Layout::packed_qkv;
   const ProblemInputs inputs = make_inputs(spec, at::kCPU, /*random=*/false);
@@ -172,7 +158,7 @@ TEST(BackwardCheckParts, PackedQkvGradientsShareOneBuffer) {
 TEST(BackwardCheckParts, VarlenReferenceIsOneSequenceAtATime) {
   // Sequence 1 has keys but no queries, sequence 3 queries but no keys: their
   // gradients are 0. Sequence 2's equal the fixed-length reference's.
-  const ProblemSpec spec = varlen_spec();
+  const ProblemSpec spec = steps_varlen_spec(kVarlenSeqlensK);
   const ProblemInputs inputs = make_inputs(spec, at::kCPU);
   const at::Tensor dout = make_dout(spec, inputs);
   ReferenceOptions options;
@@ -206,7 +192,7 @@ TEST(BackwardCheckParts, UnsupportedReasonNamesTheMissingBackward) {
   KernelVariant kernel = *fa1;
   kernel.name = "forward_only";
   kernel.backward_launch = nullptr;
-  ProblemSpec spec = fixed_length_spec();
+  ProblemSpec spec = steps_fixed_length_spec();
   spec.kernel = kernel.name;
   EXPECT_EQ(backward_unsupported_reason(kernel, spec), "forward_only has no backward pass");
 

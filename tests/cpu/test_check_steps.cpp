@@ -12,25 +12,6 @@
 namespace flashlab::testing {
 namespace {
 
-ProblemSpec fixed_length_spec() {
-  ProblemSpec spec;
-  spec.kernel = "fa1_scalar";
-  spec.batch = 2, spec.heads = 4, spec.kv_heads = 2;
-  spec.seqlen_q = 37, spec.seqlen_k = 53;
-  spec.head_dim = 40;
-  spec.dtype = at::kHalf;
-  spec.causal = true;
-  spec.seed = test_seed();
-  return spec;
-}
-
-ProblemSpec varlen_spec() {
-  ProblemSpec spec = fixed_length_spec();
-  spec.seqlens_q = {5, 0, 37, 1};
-  spec.seqlens_k = {11, 3, 29, 0};
-  return spec;
-}
-
 struct Steps {
   ProblemInputs inputs;
   AttentionParams params;
@@ -58,7 +39,7 @@ ForwardOutputs same_precision_outputs(const Steps& steps) {
 class CheckSteps : public ::testing::TestWithParam<bool> {};
 
 TEST_P(CheckSteps, ComposeIntoFlashAttnRule) {
-  const ProblemSpec problem = GetParam() ? varlen_spec() : fixed_length_spec();
+  const ProblemSpec problem = GetParam() ? steps_varlen_spec({11, 3, 29, 0}) : steps_fixed_length_spec();
   SCOPED_TRACE(problem.describe());
   const Steps steps = run_steps(problem);
   const TileShape tiles{64, 32};

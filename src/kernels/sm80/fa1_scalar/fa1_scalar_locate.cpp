@@ -9,23 +9,17 @@
 
 #include <string>
 
-#include "common/sequence_view.h"
-#include "common/visible_keys.h"
+#include "common/locate_layout.h"
 
 namespace flashlab::fa1_scalar {
 
 ElementLocation locate(const AttentionParams& params, int batch, int head, int row, int col) {
   const TileShape tiles = launch_tiles();
   ElementLocation location;
-  location.source = __FILE__;
-  location.source = location.source.substr(0, location.source.rfind('/') + 1) + "fa1_scalar_kernel.cuh";
+  location.source = kernel_source_beside(__FILE__, "fa1_scalar_kernel.cuh");
   const SequenceView view = sequence_view(params, batch);
-  if (row < 0 || row >= view.seqlen_q) {
-    location.unavailable = "row " + std::to_string(row) + " is past batch entry " +
-                           std::to_string(batch) + "'s " + std::to_string(view.seqlen_q) +
-                           " query rows";
-    return location;
-  }
+  location.unavailable = row_past_sequence(view, batch, row);
+  if (!location.unavailable.empty()) return location;
   location.grid[0] = (params.seqlen_q + tiles.block_q - 1) / tiles.block_q;
   location.grid[1] = params.heads;
   location.grid[2] = params.batch;
@@ -54,22 +48,8 @@ ElementLocation locate(const AttentionParams& params, int batch, int head, int r
   location.state_note = "m in natural-log units of the scaled scores; l relative to exp(m)";
 
   // The key tiles the block visits (fa1_scalar_kernel: block_keys), ascending.
-  location.block_k = tiles.block_k;
-  const int tile_row0 = location.query_block * tiles.block_q;
-  const int tile_row_last = (tile_row0 + tiles.block_q < view.seqlen_q ? tile_row0 + tiles.block_q
-                                                                       : view.seqlen_q) - 1;
-  const KeyRange block_keys = visible_keys_of_rows(tile_row0, tile_row_last, view.seqlen_q,
-                                                   view.seqlen_k, params.window_left,
-                                                   params.window_right);
-  if (!block_keys.empty())
-    for (int tile = block_keys.first / tiles.block_k; tile <= block_keys.last / tiles.block_k; ++tile)
-      location.key_tiles.push_back(tile);
-  const KeyRange row_keys =
-      visible_keys(row, view.seqlen_q, view.seqlen_k, params.window_left, params.window_right);
-  if (!row_keys.empty()) {
-    location.row_first_tile = row_keys.first / tiles.block_k;
-    location.row_last_tile = row_keys.last / tiles.block_k;
-  }
+  locate_key_tiles(location, params, view, row, tiles.block_q, tiles.block_k,
+                   /*last_tile_first=*/false);
 
   // Present in every build: the trace store is guarded by params.trace.enabled().
   CudaGdbStop stop;

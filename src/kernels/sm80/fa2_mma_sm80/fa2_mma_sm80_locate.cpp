@@ -14,9 +14,8 @@
 
 #include <string>
 
+#include "common/locate_layout.h"
 #include "common/mma_accumulator_layout.h"
-#include "common/sequence_view.h"
-#include "common/visible_keys.h"
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
 
 namespace flashlab::fa2_mma_sm80 {
@@ -42,16 +41,10 @@ std::string replaced(std::string text, const std::string& name, int value) {
 template <class Tr>
 ElementLocation locate_with(const AttentionParams& params, int batch, int head, int row, int col) {
   ElementLocation location;
-  location.source = __FILE__;
-  location.source =
-      location.source.substr(0, location.source.rfind('/') + 1) + "fa2_mma_sm80_kernel.cuh";
+  location.source = kernel_source_beside(__FILE__, "fa2_mma_sm80_kernel.cuh");
   const SequenceView view = sequence_view(params, batch);
-  if (row < 0 || row >= view.seqlen_q) {
-    location.unavailable = "row " + std::to_string(row) + " is past batch entry " +
-                           std::to_string(batch) + "'s " + std::to_string(view.seqlen_q) +
-                           " query rows";
-    return location;
-  }
+  location.unavailable = row_past_sequence(view, batch, row);
+  if (!location.unavailable.empty()) return location;
   location.grid[0] = (params.seqlen_q + Tr::kBlockQ - 1) / Tr::kBlockQ;
   location.grid[1] = params.heads;
   location.grid[2] = params.batch;
@@ -84,33 +77,14 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   location.out_note =
       "float32, unnormalized and rescaled per tile (out = acc_o / l after the last tile)";
   const std::string state_index = "[" + std::to_string(mt) + "][" + std::to_string(position.h) + "]";
-  for (int thread_in_group = 0; thread_in_group < 4; ++thread_in_group) {
-    RegisterSlot m = slot_of(position.lane / 4 * 4 + thread_in_group), l = m;
-    m.index = l.index = {mt, position.h};
-    m.name = "row_max" + state_index;
-    l.name = "row_sum" + state_index;
-    location.row_max.push_back(m);
-    location.row_sum.push_back(l);
-  }
+  locate_quad_row_state(location, slot_of, position.lane, state_index, {mt, position.h});
   location.state_note =
       "row_max is in raw score units (m = row_max * softmax_scale), the same in the quad's four "
       "lanes; row_sum is each lane's partial sum over its own columns: l is the sum over the four "
       "lanes (the kernel adds them after the last tile)";
 
-  location.block_k = Tr::kBlockK;
-  const int q0 = location.query_block * Tr::kBlockQ;
-  const int q_last = (q0 + Tr::kBlockQ < view.seqlen_q ? q0 + Tr::kBlockQ : view.seqlen_q) - 1;
-  const KeyRange tile_keys = visible_keys_of_rows(q0, q_last, view.seqlen_q, view.seqlen_k,
-                                                  params.window_left, params.window_right);
-  if (!tile_keys.empty())
-    for (int tile = tile_keys.first / Tr::kBlockK; tile <= tile_keys.last / Tr::kBlockK; ++tile)
-      location.key_tiles.push_back(tile);
-  const KeyRange row_keys =
-      visible_keys(row, view.seqlen_q, view.seqlen_k, params.window_left, params.window_right);
-  if (!row_keys.empty()) {
-    location.row_first_tile = row_keys.first / Tr::kBlockK;
-    location.row_last_tile = row_keys.last / Tr::kBlockK;
-  }
+  locate_key_tiles(location, params, view, row, Tr::kBlockQ, Tr::kBlockK,
+                   /*last_tile_first=*/false);
 
   CudaGdbStop traced;
   traced.marker = "cuda-gdb: the online-softmax state";

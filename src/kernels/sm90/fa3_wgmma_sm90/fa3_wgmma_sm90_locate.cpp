@@ -15,9 +15,8 @@
 
 #include <string>
 
+#include "common/locate_layout.h"
 #include "common/mma_accumulator_layout.h"
-#include "common/sequence_view.h"
-#include "common/visible_keys.h"
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 
 namespace flashlab::fa3_wgmma_sm90 {
@@ -27,16 +26,10 @@ template <class Tr>
 ElementLocation locate_with(const AttentionParams& params, int batch, int head, int row, int col,
                             int multiprocessors, int l2_bytes) {
   ElementLocation location;
-  location.source = __FILE__;
-  location.source =
-      location.source.substr(0, location.source.rfind('/') + 1) + "fa3_wgmma_sm90_kernel.cuh";
+  location.source = kernel_source_beside(__FILE__, "fa3_wgmma_sm90_kernel.cuh");
   const SequenceView view = sequence_view(params, batch);
-  if (row < 0 || row >= view.seqlen_q) {
-    location.unavailable = "row " + std::to_string(row) + " is past batch entry " +
-                           std::to_string(batch) + "'s " + std::to_string(view.seqlen_q) +
-                           " query rows";
-    return location;
-  }
+  location.unavailable = row_past_sequence(view, batch, row);
+  if (!location.unavailable.empty()) return location;
   const Schedule plan = schedule(params, Tr::kBlockM, 2, multiprocessors, l2_bytes);
   location.grid[0] = plan.grid;
   location.grid[1] = location.grid[2] = 1;
@@ -83,34 +76,15 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
                       std::to_string(128 * (1 + consumer)) + ".." +
                       std::to_string(128 * (2 + consumer) - 1) + ")";
   const std::string state_index = "[" + std::to_string(position.h) + "]";
-  for (int thread_in_group = 0; thread_in_group < 4; ++thread_in_group) {
-    RegisterSlot m = slot_of(position.lane / 4 * 4 + thread_in_group), l = m;
-    m.index = l.index = {position.h};
-    m.name = "row_max" + state_index;
-    l.name = "row_sum" + state_index;
-    location.row_max.push_back(m);
-    location.row_sum.push_back(l);
-  }
+  locate_quad_row_state(location, slot_of, position.lane, state_index, {position.h});
   location.state_note =
       "row_max is in raw score units (m = row_max * softmax_scale), the same in the quad's four "
       "lanes; row_sum is each lane's partial sum: l is the sum over the four lanes (the traced "
       "build's `running_sum` at the state line is that sum)";
 
   // Visited from the last key tile down (key_tiles in the kernel).
-  location.block_k = Tr::kBlockN;
-  const int q0 = location.query_block * Tr::kBlockM;
-  const int q_last = (q0 + Tr::kBlockM < view.seqlen_q ? q0 + Tr::kBlockM : view.seqlen_q) - 1;
-  const KeyRange keys = visible_keys_of_rows(q0, q_last, view.seqlen_q, view.seqlen_k,
-                                             params.window_left, params.window_right);
-  if (!keys.empty())
-    for (int tile = keys.last / Tr::kBlockN; tile >= keys.first / Tr::kBlockN; --tile)
-      location.key_tiles.push_back(tile);
-  const KeyRange row_keys =
-      visible_keys(row, view.seqlen_q, view.seqlen_k, params.window_left, params.window_right);
-  if (!row_keys.empty()) {
-    location.row_first_tile = row_keys.first / Tr::kBlockN;
-    location.row_last_tile = row_keys.last / Tr::kBlockN;
-  }
+  locate_key_tiles(location, params, view, row, Tr::kBlockM, Tr::kBlockN,
+                   /*last_tile_first=*/true);
 
   // The traced instantiation's state line: the quad's first lane stops there.
   CudaGdbStop traced;

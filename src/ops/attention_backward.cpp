@@ -102,8 +102,12 @@ void launch_backward_checked(const KernelVariant& kernel, AttentionBackwardParam
   params.dq_accum = nullptr;
   params.workspace = nullptr;
   params.workspace_bytes = 0;
-  // Freed when this returns (see allocate_workspace).
-  const at::Tensor workspace = detail::attach_workspace(kernel.backward_workspace_bytes, params);
+  at::Tensor workspace;  // freed when this returns (see allocate_workspace)
+  if (kernel.backward_workspace_bytes != nullptr) {
+    params.workspace_bytes = kernel.backward_workspace_bytes(params);
+    workspace = detail::allocate_workspace(params.workspace_bytes, params.stream);
+    params.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+  }
   kernel.backward_launch(params);
 }
 

@@ -68,19 +68,4 @@ int device_compute_capability(const at::Tensor& q);
 // the memory is not handed out again before that stream's work is done.
 at::Tensor allocate_workspace(size_t bytes, void* stream);
 
-// The forward's and the backward's launch alike: sizes the workspace with the
-// kernel's `workspace_bytes` (nullptr: it needs none), allocates it on
-// params.stream and points params.workspace at it. The returned tensor owns
-// the memory: keep it until the launch has been issued.
-template <class Params>
-at::Tensor attach_workspace(size_t (*workspace_bytes)(const Params&), Params& params) {
-  at::Tensor workspace;
-  if (workspace_bytes != nullptr) {
-    params.workspace_bytes = workspace_bytes(params);
-    workspace = allocate_workspace(params.workspace_bytes, params.stream);
-    params.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  }
-  return workspace;
-}
-
 }  // namespace flashlab::detail

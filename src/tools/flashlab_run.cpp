@@ -205,36 +205,25 @@ int run_tile_trace(const Arguments& arguments) {
   return report.matches() ? kExitPass : kExitMismatch;
 }
 
-// Runs one check (`check()` returns its result) and prints the report, the
-// forward's and the backward's alike, so both map errors to exit codes the same way.
-template <class Check>
-int run_check(const Arguments& arguments, const Check& check) {
-  decltype(check()) result;
+// --backward: the kernel's forward, then its backward; out, lse, dq, dk, dv
+// against the reference. Exit codes as for the forward.
+int run_backward_check(const Arguments& arguments) {
+  flashlab::BackwardCheckResult result;
   try {
-    result = check();
+    flashlab::BackwardCheckOptions options;
+    options.deterministic = arguments.deterministic;
+    options.timed_launches = arguments.repeat;
+    result = flashlab::check_backward(arguments.spec, options);
   } catch (const c10::Error& error) {
-    // Input validation: the problem or kernel choice is not runnable as given.
     std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
     return kExitBadArguments;
   } catch (const std::exception& error) {
-    // A CUDA error during the launch or the check: the kernel is broken.
     std::cerr << "flashlab-run: kernel run failed: " << error.what() << "\n";
     return kExitMismatch;
   }
   std::cout << result.format();
   if (arguments.json) std::cout << result.to_json() << "\n";
   return result.passed() ? kExitPass : kExitMismatch;
-}
-
-// --backward: the kernel's forward, then its backward; out, lse, dq, dk, dv
-// against the reference. Exit codes as for the forward.
-int run_backward_check(const Arguments& arguments) {
-  return run_check(arguments, [&] {
-    flashlab::BackwardCheckOptions options;
-    options.deterministic = arguments.deterministic;
-    options.timed_launches = arguments.repeat;
-    return flashlab::check_backward(arguments.spec, options);
-  });
 }
 
 }  // namespace
@@ -301,9 +290,21 @@ int main(int argc, char** argv) {
     return kExitBadArguments;
   }
   if (arguments.backward) return run_backward_check(arguments);
-  return run_check(arguments, [&] {
+  flashlab::CheckResult result;
+  try {
     flashlab::CheckOptions options;
     options.timed_launches = arguments.repeat;
-    return flashlab::check_kernel(arguments.spec, options);
-  });
+    result = flashlab::check_kernel(arguments.spec, options);
+  } catch (const c10::Error& error) {
+    // Input validation: the problem or kernel choice is not runnable as given.
+    std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
+    return kExitBadArguments;
+  } catch (const std::exception& error) {
+    // A CUDA error during the launch or the check: the kernel is broken.
+    std::cerr << "flashlab-run: kernel run failed: " << error.what() << "\n";
+    return kExitMismatch;
+  }
+  std::cout << result.format();
+  if (arguments.json) std::cout << result.to_json() << "\n";
+  return result.passed() ? kExitPass : kExitMismatch;
 }

@@ -158,4 +158,53 @@ AttentionBackwardParams make_varlen_backward_params(
 // dq), so the result is always what the math says.
 void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardParams& params);
 
+// ---------------------------------------------------------------------------
+// Decoding with a KV cache, flash_attn_with_kvcache's semantics. q is (batch,
+// seqlen_q, heads, head_dim), seqlen_q 1 for decoding or a few (speculative
+// decoding). k_cache/v_cache are either contiguous (batch, capacity, kv_heads,
+// head_dim) or, with block_table, paged (num_pages, page_size, kv_heads,
+// head_dim). When k_new/v_new (batch, seqlen_new, kv_heads, head_dim) are
+// given they are written into the cache in place at rows cache_seqlens[b] ..
+// cache_seqlens[b] + seqlen_new - 1 before attending; sequence b then attends
+// to its first cache_seqlens[b] + seqlen_new keys, bottom-right aligned (causal
+// and window as in the forward). GQA/MQA: heads a multiple of kv_heads.
+// Returns out (batch, seqlen_q, heads, head_dim) and lse (batch, heads,
+// seqlen_q), float32. Everything is validated before anything is written:
+// cache_seqlens and block_table are copied to the host for that (lengths
+// beyond the capacity, page entries out of range are errors).
+struct KvCacheOptions : AttentionOptions {
+  std::optional<at::Tensor> cache_seqlens;  // int32 (batch); absent: every cache is full
+  std::optional<at::Tensor> k_new, v_new;   // (batch, seqlen_new, kv_heads, head_dim), both or neither
+  std::optional<at::Tensor> block_table;    // int32 (batch, pages per sequence): a paged cache
+  int num_splits = 0;                       // 0: the kernel's heuristic; else 1..its maximum
+};
+
+AttentionOutput attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,
+                                       const at::Tensor& v_cache, const KvCacheOptions& options = {});
+void attention_with_kvcache_into(const at::Tensor& q, const at::Tensor& k_cache,
+                                 const at::Tensor& v_cache, const at::Tensor& out,
+                                 const at::Tensor& lse, const KvCacheOptions& options = {});
+
+// The parameter block for these tensors (no launch, no device access; the
+// lengths are not checked). out/lse may be undefined.
+KvCacheParams make_kvcache_params(const at::Tensor& q, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& out,
+                                  const at::Tensor& lse, const KvCacheOptions& options);
+
+// The kernel that would run it (options.kernel, or "auto": the first registered
+// kernel with a KV-cache path that takes it). Throws c10::Error otherwise.
+const KernelVariant& select_kvcache_kernel(const KvCacheParams& params,
+                                           const std::string& kernel_name);
+
+// run_kernel's twin: checks kernel.kvcache_unsupported_reason and the device,
+// allocates kernel.kvcache_workspace_bytes(params) into params.workspace and
+// calls kernel.kvcache_launch on params.stream (or the current stream). The
+// lengths and page entries behind the pointers are not checked here
+// (attention_with_kvcache does that).
+void run_kvcache_kernel(const KernelVariant& kernel, const KvCacheParams& params);
+
+// The splits a launch of `kernel` would use for params (params.num_splits, or
+// the heuristic for 0).
+int kvcache_splits(const KernelVariant& kernel, const KvCacheParams& params);
+
 }  // namespace flashlab

@@ -114,6 +114,47 @@ struct AttentionBackwardParams : AttentionParams {
   bool deterministic = false;
 };
 
+// Decoding with a KV cache (flash_attn_with_kvcache). The base block
+// describes the attention as the kernel sees it: q is (batch, seqlen_q, heads,
+// head_dim); k/v are the caches, either contiguous (batch, capacity, kv_heads,
+// head_dim), where k_batch_stride steps from one sequence's cache to the next,
+// or paged (num_pages, page_size, kv_heads, head_dim), where k_batch_stride
+// steps from one page to the next and block_table maps a sequence's logical
+// page to a physical one. seqlen_k is the capacity of one sequence's cache
+// (contiguous: its rows; paged: block_table_width * page_size); sequence b
+// attends to its first cache_seqlens[b] + seqlen_new keys, aligned
+// bottom-right with its seqlen_q queries as in the forward.
+struct KvCacheParams : AttentionParams {
+  // int32 per sequence, on the device: cached keys before the append; nullptr:
+  // every sequence holds seqlen_k keys (a full cache, nothing appended).
+  const int* cache_seqlens = nullptr;
+
+  // Paged cache: block_table is int32 (batch, block_table_width) on the
+  // device, entry [b][j] the physical page of sequence b's keys
+  // j*page_size .. (j+1)*page_size-1. nullptr: a contiguous cache.
+  const int* block_table = nullptr;
+  int64_t block_table_batch_stride = 0;
+  int block_table_width = 0;
+  int page_size = 0;  // rows per page (paged), 0 otherwise
+  int num_pages = 0;  // pages in the cache tensors (paged)
+  FLASHLAB_HOST_DEVICE bool is_paged() const { return block_table != nullptr; }
+
+  // New keys/values (batch, seqlen_new, kv_heads, head_dim) written into the
+  // cache at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before
+  // attending (the cache is modified in place); nullptr / 0: no append.
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int seqlen_new = 0;
+  int64_t k_new_batch_stride = 0, k_new_row_stride = 0, k_new_head_stride = 0;
+  int64_t v_new_batch_stride = 0, v_new_row_stride = 0, v_new_head_stride = 0;
+
+  // Splits of each sequence's keys (split-KV): 0 = the kernel chooses
+  // (KernelVariant::kvcache_num_splits), else used as given (>= 1). With more
+  // than one split, partial outputs and LSEs go to float32 buffers carved from
+  // params.workspace and a combine kernel writes out and lse.
+  int num_splits = 0;
+};
+
 }  // namespace flashlab
 
 #include <string>
@@ -121,4 +162,6 @@ struct AttentionBackwardParams : AttentionParams {
 namespace flashlab {
 // "batch 2, heads 8/2, seqlen 113x1023, head_dim 64, fp16, causal" for error messages.
 std::string describe_problem(const AttentionParams& params);
+// describe_problem plus the cache: "..., kv cache paged 16 x 256 rows, append 1".
+std::string describe_kvcache_problem(const KvCacheParams& params);
 }  // namespace flashlab

@@ -125,6 +125,21 @@ struct KernelVariant {
   // them in dq/dk/dv reports; nullptr: it names the forward's tile_shape.
   TileShape (*backward_tile_shape)(const AttentionBackwardParams& params) = nullptr;
 
+  // Decoding with a KV cache (KvCacheParams), when the kernel has it
+  // (nullptr: none). kvcache_num_splits is the split heuristic: the splits the
+  // kernel would use for num_splits = 0, and kvcache_max_splits the most it
+  // takes. The workspace holds the split partials; the launch appends k_new /
+  // v_new to the cache, runs the split kernel and, with more than one split,
+  // the combine kernel. Checks its own launch errors.
+  std::string (*kvcache_unsupported_reason)(const KvCacheParams& params) = nullptr;
+  int (*kvcache_num_splits)(const KvCacheParams& params) = nullptr;
+  int (*kvcache_max_splits)(const KvCacheParams& params) = nullptr;
+  size_t (*kvcache_workspace_bytes)(const KvCacheParams& params) = nullptr;
+  void (*kvcache_launch)(const KvCacheParams& params) = nullptr;
+  // The split kernel's tiles: block_q packed rows (query rows x the query heads
+  // of one kv head), block_k keys per step.
+  TileShape (*kvcache_tile_shape)(const KvCacheParams& params) = nullptr;
+
   // Where out[batch, row, head, col] and the row's m and l live (block, warp,
   // lanes, register slots), the key tiles the row's block visits and where to
   // stop in cuda-gdb; nullptr: the kernel does not say. `params` is the block

@@ -26,4 +26,15 @@ std::string describe_problem(const AttentionParams& params) {
   return text.str();
 }
 
+std::string describe_kvcache_problem(const KvCacheParams& params) {
+  std::ostringstream text;
+  text << describe_problem(params) << ", kv cache ";
+  if (params.is_paged())
+    text << "paged " << params.block_table_width << " x " << params.page_size << " rows";
+  else
+    text << "contiguous " << params.seqlen_k << " rows";
+  if (params.seqlen_new > 0) text << ", append " << params.seqlen_new;
+  return text.str();
+}
+
 }  // namespace flashlab

@@ -97,26 +97,6 @@ int backward_block_n(int head_dim) {
   return block_n;
 }
 
-// Multiprocessors of the current device, asked once per device; 132 (an H100
-// SXM) when there is no device to ask.
-int multiprocessor_count() {
-  static std::mutex mutex;
-  static std::map<int, int> count_of_device;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 132;
-  }
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto [entry, added] = count_of_device.try_emplace(device, 132);
-  if (added && cudaDeviceGetAttribute(&entry->second, cudaDevAttrMultiProcessorCount, device) !=
-                   cudaSuccess) {
-    (void)cudaGetLastError();
-    entry->second = 132;
-  }
-  return entry->second;
-}
-
 // Deterministic mode: how many dq accumulator slots (= thread blocks per (kv
 // head, batch)), each block taking key blocks s, s + slots, ... in order. Each
 // thread block holds one SM (shared memory), so the choice is about waves: of
@@ -145,6 +125,44 @@ int deterministic_slots(int64_t kv_blocks, int64_t key_blocks, int multiprocesso
 }
 
 }  // namespace
+
+// Multiprocessors and shared memory per multiprocessor of the current device,
+// asked once per device; an H100 SXM's (132, 228 KB) when there is no device
+// to ask.
+namespace {
+struct DeviceShape {
+  int multiprocessors = 132;
+  int shared_per_multiprocessor = 228 * 1024;
+};
+DeviceShape current_device_shape() {
+  static std::mutex mutex;
+  static std::map<int, DeviceShape> shape_of_device;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [entry, added] = shape_of_device.try_emplace(device);
+  if (added) {
+    DeviceShape shape;
+    if (cudaDeviceGetAttribute(&shape.multiprocessors, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        cudaDeviceGetAttribute(&shape.shared_per_multiprocessor,
+                               cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      shape = {};
+    }
+    entry->second = shape;
+  }
+  return entry->second;
+}
+}  // namespace
+
+int fa2_mma_sm80::multiprocessor_count() { return current_device_shape().multiprocessors; }
+int fa2_mma_sm80::shared_memory_per_multiprocessor() {
+  return current_device_shape().shared_per_multiprocessor;
+}
 
 std::string fa2_mma_sm80::backward_unsupported_reason(const AttentionBackwardParams& params) {
   std::string reason = unsupported_reason(params);  // dtype, head_dim, GQA, grid, q/k/v/out
@@ -219,7 +237,8 @@ fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
   if (params.deterministic) {
     const int64_t key_blocks = (params.seqlen_k + block_n - 1) / block_n;
     const int64_t kv_blocks = static_cast<int64_t>(params.batch) * params.kv_heads;
-    workspace.dq_accum_slots = deterministic_slots(kv_blocks, key_blocks, multiprocessor_count());
+    workspace.dq_accum_slots =
+        deterministic_slots(kv_blocks, key_blocks, fa2_mma_sm80::multiprocessor_count());
   }
   workspace.dq_accum_offset = workspace.softmax_d_offset + workspace.softmax_d_bytes;
   workspace.dq_accum_bytes = round_up(static_cast<size_t>(workspace.dq_accum_slots) *
@@ -278,7 +297,8 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.summary =
       "FlashAttention-2 forward and backward on tensor cores (mma.sync m16n8k16, ldmatrix, "
       "cp.async double buffering), fp16/bf16, head_dim " + HeadDims::text("/") +
-      ", causal/window, GQA, varlen, deterministic backward";
+      ", causal/window, GQA, varlen, deterministic backward, split-KV decoding with a "
+      "contiguous or paged KV cache";
   variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = true;  // the traced instantiation (fa2_mma_sm80_kernel.cuh)
   variant.key_tiles_descending = false;
@@ -290,6 +310,12 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.backward_launch = backward_launch;
   variant.backward_tile_shape = backward_tile_shape;
   variant.locate = fa2_mma_sm80::locate;
+  variant.kvcache_unsupported_reason = fa2_mma_sm80::kvcache_unsupported_reason;
+  variant.kvcache_num_splits = fa2_mma_sm80::kvcache_num_splits;
+  variant.kvcache_max_splits = fa2_mma_sm80::kvcache_max_splits;
+  variant.kvcache_workspace_bytes = fa2_mma_sm80::kvcache_workspace_bytes;
+  variant.kvcache_launch = fa2_mma_sm80::kvcache_launch;
+  variant.kvcache_tile_shape = fa2_mma_sm80::kvcache_tile_shape;
   return variant;
 }
 

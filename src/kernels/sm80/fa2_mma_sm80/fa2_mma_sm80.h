@@ -16,6 +16,7 @@
 
 #include "common/static_switch.h"
 #include "flashlab/kernel_params.h"
+#include "flashlab/kernel_registry.h"
 
 namespace flashlab::fa2_mma_sm80 {
 
@@ -205,5 +206,70 @@ size_t backward_workspace_bytes(const AttentionBackwardParams& params);
 // fa2_mma_sm80_bwd_hdim<D>.cu for DefaultBwdTraits<D>.
 template <class Tr>
 void launch_backward(const AttentionBackwardParams& params);
+
+// ---------------------------------------------------------------------------
+// Decoding with a KV cache (fa2_mma_sm80_splitkv_kernel.cuh): split-KV. One
+// thread block per (split, tile of 16 packed rows, kv head x batch); a packed
+// row is one (query row, query head of the kv head's group), so the group's
+// heads share each K/V read. Each warp walks its own 16-key chunks of the
+// split (chunks w, w + Warps, ...) through its own cp.async ring of Stages
+// (K, V) chunk pairs, keeping its own online-softmax state; the warps' states
+// merge in shared memory at the end. Partial outputs (float32, normalized) and
+// LSEs of each split go to the workspace and a combine kernel weighs them by
+// their LSEs; with one split the block writes out and lse itself.
+template <int HeadDim, int Warps, int Stages, bool QInRegs>
+struct SplitKvTraits {
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kWarps = Warps;
+  static constexpr int kThreads = Warps * 32;
+  static constexpr int kStages = Stages;
+  static constexpr bool kQInRegs = QInRegs;
+  static constexpr int kBlockRows = 16;  // packed rows per block (one m16 slab)
+  static constexpr int kChunkKeys = 16;  // keys per warp step (the k16 of P V)
+  static constexpr int kSmemStride = HeadDim + 8;  // 16 bytes of padding per row
+  static constexpr int kChunkBytes = kChunkKeys * kSmemStride * 2;
+  static constexpr int kQBytes = kBlockRows * kSmemStride * 2;
+  static constexpr int kRingBytes = Warps * Stages * 2 * kChunkBytes;  // K and V
+  // The warps' (m, l, O) merge reuses the ring: O 16 x HeadDim float32 per warp.
+  static constexpr int kMergeBytes = Warps * kBlockRows * (HeadDim + 2) * 4;
+  static constexpr int kSmemBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
+  static_assert(HeadDim % 32 == 0, "head_dim a multiple of 32");
+  static_assert(Stages >= 2, "at least double buffering per warp");
+};
+
+// Default split-KV tiling: 4 warps; 4 stages per warp at head_dim <= 64,
+// 3 above (H100: 3, 2, 1 blocks per SM at 64, 128, 256, with 2-3 chunk pairs
+// in flight per warp); Q fragments in registers up to 128.
+template <int HeadDim>
+struct DefaultSplitKvTraits {
+  using type = SplitKvTraits<HeadDim, 4, (HeadDim <= 64 ? 4 : 3), (HeadDim <= 128)>;
+};
+
+// The most splits a launch takes, and the page-size rule of a paged cache.
+inline constexpr int kMaxKvSplits = 128;
+inline constexpr int kPageSizeMultiple = 16;  // a warp's 16-key chunk never crosses a page
+
+// Host side of the KV-cache path (fa2_mma_sm80_kvcache.cpp).
+std::string kvcache_unsupported_reason(const KvCacheParams& params);
+int kvcache_num_splits(const KvCacheParams& params);  // the heuristic (num_splits 0)
+int kvcache_max_splits(const KvCacheParams& params);
+size_t kvcache_workspace_bytes(const KvCacheParams& params);
+// The splits a launch uses: params.num_splits, or the heuristic for 0.
+int kvcache_splits_used(const KvCacheParams& params);
+TileShape kvcache_tile_shape(const KvCacheParams& params);
+// The registry's launch hook: launch_kvcache for params.head_dim's default tiling.
+void kvcache_launch(const KvCacheParams& params);
+
+// Appends k_new / v_new (if any), runs the split kernel and, with more than
+// one split, the combine kernel; configuration Tr, params.dtype. Defined in
+// fa2_mma_sm80_splitkv_kernel.cuh, instantiated in the generated
+// fa2_mma_sm80_splitkv_hdim<D>.cu for DefaultSplitKvTraits<D>.
+template <class Tr>
+void launch_kvcache(const KvCacheParams& params, int num_splits);
+
+// Multiprocessors of the current device (132 when there is none to ask) and
+// the shared memory one multiprocessor holds, in bytes (228 KB when unknown).
+int multiprocessor_count();
+int shared_memory_per_multiprocessor();
 
 }  // namespace flashlab::fa2_mma_sm80

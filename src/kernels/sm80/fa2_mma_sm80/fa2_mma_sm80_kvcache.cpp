@@ -1,0 +1,138 @@
+// fa2_mma_sm80's KV-cache path, host side: the support check, the split
+// heuristic, the workspace of the split partials and the dispatch on head_dim
+// (the kernels are fa2_mma_sm80_splitkv_kernel.cuh).
+//
+// Split heuristic (num_splits 0). The work is blocks of (16 packed rows, kv
+// head, batch); a decode step has few of them (batch x kv_heads), each
+// streaming all of its sequence's keys. The kernel is bound by reading the
+// cache, so the aim is to fill every SM with as many resident blocks as its
+// shared memory holds (slots = SMs x blocks per SM) in whole waves:
+//   - enough blocks already (>= 80% of the slots): 1 split;
+//   - else the split count s (1 .. min(kMaxKvSplits, keys / 256)) with the
+//     best wave efficiency (blocks x s) / (waves x slots), the smallest s on a
+//     near tie (within 2%), since every split adds a partial output to write
+//     and combine. Keys per split stay >= 256 (four 16-key chunks per warp) so
+//     a split's pipeline has something to overlap.
+// The keys are the cache's capacity (seqlen_k), not the current lengths: the
+// lengths live on the device and a launch must not wait for them.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
+
+namespace flashlab {
+
+namespace {
+
+using fa2_mma_sm80::DefaultSplitKvTraits;
+using fa2_mma_sm80::HeadDims;
+
+constexpr int kMinKeysPerSplit = 256;
+
+int packed_row_tiles(const KvCacheParams& params) {
+  const int64_t packed_rows = static_cast<int64_t>(params.seqlen_q) * (params.heads / params.kv_heads);
+  return static_cast<int>((packed_rows + 15) / 16);
+}
+
+int smem_bytes(int head_dim) {
+  int bytes = 0;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim,
+                           [&] { bytes = DefaultSplitKvTraits<kHeadDim>::type::kSmemBytes; });
+  return bytes;
+}
+
+}  // namespace
+
+std::string fa2_mma_sm80::kvcache_unsupported_reason(const KvCacheParams& params) {
+  std::string reason = unsupported_reason(params);  // dtype, head_dim, GQA, grid, alignment
+  if (!reason.empty()) return reason;
+  if (params.is_paged() && (params.page_size <= 0 || params.page_size % kPageSizeMultiple != 0))
+    return "fa2_mma_sm80's KV-cache path needs page_size a multiple of " +
+           std::to_string(kPageSizeMultiple) + " (a warp's 16-key chunk stays in one page); got " +
+           std::to_string(params.page_size);
+  if (params.k_new != nullptr) {
+    if (params.cache_seqlens == nullptr)
+      return "fa2_mma_sm80's KV-cache path appends new keys at cache_seqlens; got new keys "
+             "without cache_seqlens";
+    const auto misaligned = [](const void* pointer) {
+      return reinterpret_cast<std::uintptr_t>(pointer) % 16 != 0;
+    };
+    if (misaligned(params.k_new) || misaligned(params.v_new))
+      return "fa2_mma_sm80's KV-cache path needs the new k and v to start on 16-byte boundaries";
+    const int64_t strides[] = {params.k_new_batch_stride, params.k_new_row_stride,
+                               params.k_new_head_stride,  params.v_new_batch_stride,
+                               params.v_new_row_stride,   params.v_new_head_stride};
+    for (int64_t stride : strides)
+      if (stride % 8 != 0)
+        return "fa2_mma_sm80's KV-cache path needs batch, row and head strides of the new k and v "
+               "that are multiples of 8 elements (16 bytes); got " + std::to_string(stride);
+  }
+  if (packed_row_tiles(params) > 65535)
+    return "fa2_mma_sm80's KV-cache path takes at most 65535 x 16 packed rows (seqlen_q x "
+           "heads / kv_heads); got " + std::to_string(params.seqlen_q) + " x " +
+           std::to_string(params.heads / params.kv_heads);
+  if (static_cast<int64_t>(params.batch) * params.kv_heads > 65535)
+    return "fa2_mma_sm80's KV-cache path takes at most 65535 (batch x kv_heads); got " +
+           std::to_string(static_cast<int64_t>(params.batch) * params.kv_heads);
+  if (params.num_splits < 0 || params.num_splits > kvcache_max_splits(params))
+    return "fa2_mma_sm80's KV-cache path takes num_splits 0 (choose) or 1 to " +
+           std::to_string(kvcache_max_splits(params)) + "; got " + std::to_string(params.num_splits);
+  return {};
+}
+
+int fa2_mma_sm80::kvcache_max_splits(const KvCacheParams&) { return kMaxKvSplits; }
+
+int fa2_mma_sm80::kvcache_num_splits(const KvCacheParams& params) {
+  const int64_t blocks = static_cast<int64_t>(params.batch) * params.kv_heads * packed_row_tiles(params);
+  const int bytes = smem_bytes(params.head_dim);
+  if (blocks <= 0 || bytes <= 0) return 1;
+  const int per_sm = std::max(1, shared_memory_per_multiprocessor() / (bytes + 1024));
+  const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * std::min(per_sm, 16);
+  if (blocks * 5 >= slots * 4) return 1;
+  const int most = static_cast<int>(
+      std::min<int64_t>(kMaxKvSplits, std::max<int64_t>(1, params.seqlen_k / kMinKeysPerSplit)));
+  int best = 1;
+  double best_efficiency = 0.0;
+  for (int splits = 1; splits <= most; ++splits) {
+    const int64_t total = blocks * splits;
+    const int64_t waves = (total + slots - 1) / slots;
+    const double efficiency = static_cast<double>(total) / static_cast<double>(waves * slots);
+    if (efficiency > best_efficiency + 0.02) {
+      best = splits;
+      best_efficiency = efficiency;
+    }
+  }
+  return best;
+}
+
+int fa2_mma_sm80::kvcache_splits_used(const KvCacheParams& params) {
+  return params.num_splits > 0 ? params.num_splits : kvcache_num_splits(params);
+}
+
+size_t fa2_mma_sm80::kvcache_workspace_bytes(const KvCacheParams& params) {
+  const int splits = kvcache_splits_used(params);
+  if (splits <= 1) return 0;
+  // Per split: a float32 output row and an LSE per (batch, head, query row).
+  const size_t rows = static_cast<size_t>(params.batch) * params.heads * params.seqlen_q;
+  return static_cast<size_t>(splits) * rows * (params.head_dim + 1) * sizeof(float);
+}
+
+TileShape fa2_mma_sm80::kvcache_tile_shape(const KvCacheParams& params) {
+  TileShape shape;
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    using Tr = typename DefaultSplitKvTraits<kHeadDim>::type;
+    shape = {Tr::kBlockRows, Tr::kChunkKeys * Tr::kWarps};
+  });
+  return shape;
+}
+
+void fa2_mma_sm80::kvcache_launch(const KvCacheParams& params) {
+  const int splits = kvcache_splits_used(params);
+  // kvcache_unsupported_reason rejects other head dims before a launch.
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    launch_kvcache<typename DefaultSplitKvTraits<kHeadDim>::type>(params, splits);
+  });
+}
+
+}  // namespace flashlab

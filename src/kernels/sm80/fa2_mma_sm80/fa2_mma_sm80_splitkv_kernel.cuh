@@ -1,0 +1,456 @@
+// fa2_mma_sm80 split-KV kernels: decoding with a KV cache (flash_attn_with_kvcache)
+// on tensor cores with sm_80 instructions (mma.sync m16n8k16, ldmatrix, cp.async).
+//
+// Algorithm (flash-decoding): a decode step has one query row (a few for
+// speculative decoding) per sequence, so a forward grid of query tiles would
+// give one block per (batch, head) and leave most SMs idle while the keys
+// stream through one block. Here:
+//   1. append_kernel writes the new keys/values (if any) into the cache at
+//      rows cache_seqlens[b] .. + seqlen_new - 1 (contiguous or paged);
+//   2. splitkv_kernel: one block per (split of the keys, tile of 16 packed
+//      rows, kv head x batch). A packed row is one (query row, query head of
+//      the kv head's group), so every query head of a group shares each K/V
+//      read (GQA/MQA decode reads the cache once per kv head). The block's
+//      visible keys, cut into 16-key chunks, are split evenly over the splits
+//      (whole multiples of the warp count); inside a split warp w takes chunks
+//      w, w + Warps, ... through its own cp.async ring of Stages (K, V) chunk
+//      pairs, and keeps its own online-softmax state (S = Q K^T and O += P V
+//      on m16n8k16, the 16 keys of a chunk being the k16 of P V). No block
+//      barrier inside the key loop: a warp waits only on its own copies. At
+//      the end the warps' (m, l, O) merge in shared memory; the block writes
+//      out and lse itself when there is one split, else its normalized float32
+//      partial output and partial LSE (0 and -inf for a split with no visible
+//      key);
+//   3. combine_kernel (more than one split): per (batch, head, query row),
+//      out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s).
+// The masks (causal / window bottom-right, sequence end), the online-softmax
+// rule and the PTX wrappers come from src/kernels/common/.
+//
+// Tiling: SplitKvTraits<HeadDim, Warps, Stages, QInRegs> (fa2_mma_sm80.h),
+// DefaultSplitKvTraits: 4 warps, 16 packed rows a block, 16-key chunks.
+// The split count comes from the host heuristic (fa2_mma_sm80_kvcache.cpp).
+//
+// Limits: fp16 / bf16, head_dim in HeadDims; paged caches with page_size a
+// multiple of 16; 16-byte aligned pointers and strides that are multiples of 8
+// elements (cp.async); seqlen_q x (heads / kv_heads) packed rows in tiles of
+// 16 re-read K/V once per tile, so this path suits small seqlen_q (decoding);
+// no tile trace.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/online_softmax.h"
+#include "common/ptx_sm80.h"
+#include "common/visible_keys.h"
+#include "flashlab/cuda_check.h"
+#include "flashlab/kernel_params.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
+
+namespace flashlab::fa2_mma_sm80 {
+
+using namespace ::flashlab::sm80;
+
+// Keys sequence `batch` attends to: its cached keys plus the appended ones.
+__device__ __forceinline__ int kvcache_seqlen_k(const KvCacheParams& p, int batch) {
+  return p.cache_seqlens == nullptr ? p.seqlen_k : p.cache_seqlens[batch] + p.seqlen_new;
+}
+
+// Element offset of key `key` of sequence `batch` (kv head 0) in a cache with
+// these strides: contiguous, or through the block table's page of that key.
+__device__ __forceinline__ int64_t cache_row_offset(const KvCacheParams& p, int batch, int key,
+                                                    int64_t batch_stride, int64_t row_stride) {
+  if (p.is_paged()) {
+    const int page = p.block_table[batch * p.block_table_batch_stride + key / p.page_size];
+    return page * batch_stride + (key % p.page_size) * row_stride;
+  }
+  return batch * batch_stride + key * row_stride;
+}
+
+// One thread per 16-byte piece of a new key row and the matching value row.
+template <typename Element, int HeadDim>
+__global__ void append_kernel(const KvCacheParams p) {
+  constexpr int kPieces = HeadDim / 8;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= static_cast<int64_t>(p.batch) * p.seqlen_new * p.kv_heads * kPieces) return;
+  const int col = static_cast<int>(index % kPieces) * 8;
+  int64_t rest = index / kPieces;
+  const int head = static_cast<int>(rest % p.kv_heads);
+  rest /= p.kv_heads;
+  const int row = static_cast<int>(rest % p.seqlen_new);
+  const int batch = static_cast<int>(rest / p.seqlen_new);
+  const int key = p.cache_seqlens[batch] + row;
+  // The caches are the attention's k and v: written in place here (the
+  // tensors behind them are mutable; the attention only reads).
+  Element* k_cache = const_cast<Element*>(static_cast<const Element*>(p.k));
+  Element* v_cache = const_cast<Element*>(static_cast<const Element*>(p.v));
+  const auto* k_new = static_cast<const Element*>(p.k_new);
+  const auto* v_new = static_cast<const Element*>(p.v_new);
+  *reinterpret_cast<uint4*>(k_cache + cache_row_offset(p, batch, key, p.k_batch_stride, p.k_row_stride) +
+                            head * p.k_head_stride + col) =
+      *reinterpret_cast<const uint4*>(k_new + batch * p.k_new_batch_stride + row * p.k_new_row_stride +
+                                      head * p.k_new_head_stride + col);
+  *reinterpret_cast<uint4*>(v_cache + cache_row_offset(p, batch, key, p.v_batch_stride, p.v_row_stride) +
+                            head * p.v_head_stride + col) =
+      *reinterpret_cast<const uint4*>(v_new + batch * p.v_new_batch_stride + row * p.v_new_row_stride +
+                                      head * p.v_new_head_stride + col);
+}
+
+// Partial results of split s for (batch, head, query row): row index
+// (s * batch + b) * heads * seqlen_q + h * seqlen_q + i, head_dim floats each.
+__device__ __forceinline__ int64_t partial_row(const KvCacheParams& p, int split, int batch, int head,
+                                               int query) {
+  return ((static_cast<int64_t>(split) * p.batch + batch) * p.heads + head) * p.seqlen_q + query;
+}
+
+template <class Tr, typename Element>
+__global__ void __launch_bounds__(Tr::kThreads)
+    splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits) {
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kStride = Tr::kSmemStride;
+  constexpr int kDSteps = kD / 16;  // k16 steps of Q K^T
+  constexpr int kOTiles = kD / 8;   // n8 tiles of O
+  constexpr int kWarps = Tr::kWarps;
+  constexpr int kStages = Tr::kStages;
+  constexpr int kChunk = Tr::kChunkKeys;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t q_smem = smem_address(smem);
+  const uint32_t ring_smem = q_smem + Tr::kQBytes;
+
+  const int split = blockIdx.x;
+  const int row0 = blockIdx.y * Tr::kBlockRows;  // first packed row of the block
+  const int kv_head = blockIdx.z % p.kv_heads;
+  const int batch = blockIdx.z / p.kv_heads;
+  const int group_size = p.heads / p.kv_heads;
+  const int packed_rows = p.seqlen_q * group_size;
+  const int seqlen_q = p.seqlen_q;
+  const int seqlen_k = kvcache_seqlen_k(p, batch);
+  const int window_left = p.window_left, window_right = p.window_right;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int group = lane / 4, thread_in_group = lane % 4;
+
+  // The block's keys: those some query row of its packed rows sees, in 16-key
+  // chunks, cut into num_splits runs of whole multiples of kWarps chunks.
+  const int query_first = row0 / group_size;
+  const int query_last = (min(row0 + Tr::kBlockRows, packed_rows) - 1) / group_size;
+  const KeyRange keys =
+      visible_keys_of_rows(query_first, query_last, seqlen_q, seqlen_k, window_left, window_right);
+  int chunk_begin = 0, chunk_end = 0;
+  if (!keys.empty()) {
+    const int first = keys.first / kChunk, end = keys.last / kChunk + 1;
+    const int per_split = (end - first + num_splits * kWarps - 1) / (num_splits * kWarps) * kWarps;
+    chunk_begin = min(first + split * per_split, end);
+    chunk_end = min(chunk_begin + per_split, end);
+  }
+  // This warp's chunks: chunk_begin + warp + j * kWarps, j < my_chunks.
+  const int my_chunks = max(0, (chunk_end - chunk_begin - warp + kWarps - 1) / kWarps);
+
+  const auto* q = static_cast<const Element*>(p.q);
+  const auto* k = static_cast<const Element*>(p.k);
+  const auto* v = static_cast<const Element*>(p.v);
+
+  // Q: the block's 16 packed rows (zeros past the last one).
+  for (int piece = tid; piece < Tr::kBlockRows * (kD / 8); piece += Tr::kThreads) {
+    const int r = piece / (kD / 8), col = (piece % (kD / 8)) * 8;
+    const int packed = row0 + r;
+    const bool valid = packed < packed_rows;
+    const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
+    const Element* src = q + batch * p.q_batch_stride + query * p.q_row_stride +
+                         head * p.q_head_stride + col;
+    cp_async_16(q_smem + (r * kStride + col) * 2, valid ? src : q, valid);
+  }
+  cp_async_commit();
+
+  // This warp's ring: stage s holds K at +0 and V at +kChunkBytes.
+  const uint32_t warp_ring = ring_smem + warp * kStages * 2 * Tr::kChunkBytes;
+  auto load_chunk = [&](int j, int stage) {
+    const int key0 = (chunk_begin + warp + j * kWarps) * kChunk;
+    // page_size is a multiple of 16: the chunk's keys share one page.
+    const Element* k_chunk = k + cache_row_offset(p, batch, key0, p.k_batch_stride, p.k_row_stride) +
+                             kv_head * p.k_head_stride;
+    const Element* v_chunk = v + cache_row_offset(p, batch, key0, p.v_batch_stride, p.v_row_stride) +
+                             kv_head * p.v_head_stride;
+    const uint32_t k_dst = warp_ring + stage * 2 * Tr::kChunkBytes;
+    const uint32_t v_dst = k_dst + Tr::kChunkBytes;
+#pragma unroll
+    for (int i = 0; i < kChunk * (kD / 8) / 32; ++i) {
+      const int piece = lane + i * 32;
+      const int r = piece / (kD / 8), col = (piece % (kD / 8)) * 8;
+      // Keys past the sequence end are zero-filled, never read: the cache
+      // beyond cache_seqlens may hold anything, and P = 0 times a NaN there
+      // would still be NaN.
+      const bool valid = key0 + r < seqlen_k;
+      cp_async_16(k_dst + (r * kStride + col) * 2, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
+      cp_async_16(v_dst + (r * kStride + col) * 2, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < my_chunks) load_chunk(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 1>();  // this thread's Q pieces (the oldest group) have landed
+  __syncthreads();               // everyone's have
+
+  const uint32_t q_lane = q_smem + ldmatrix_offset_rows16(lane, kStride) * 2;
+  uint32_t q_frag[Tr::kQInRegs ? kDSteps : 1][1][4];
+  if constexpr (Tr::kQInRegs) {
+#pragma unroll
+    for (int ks = 0; ks < kDSteps; ++ks) ldmatrix_x4(q_frag[ks][0], q_lane + ks * 16 * 2);
+  }
+  const uint32_t k_lane_offset = ldmatrix_offset_pairs(lane, kStride) * 2;   // K as B of Q K^T
+  const uint32_t v_lane_offset = ldmatrix_offset_rows16(lane, kStride) * 2;  // V as B of P V (.trans)
+
+  // Rows group and group + 8 of the slab: their query rows.
+  int row_query[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_query[h] = (row0 + group + h * 8) / group_size;
+
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  float acc_o[1][kOTiles][4];
+#pragma unroll
+  for (int n = 0; n < kOTiles; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc_o[0][n][i] = 0.f;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const auto exp2 = [](float x) { return fast_exp2(x); };
+
+  for (int j = 0; j < my_chunks; ++j) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();  // chunk j visible to the warp; the stage of chunk j-1 is free
+    if (j + kStages - 1 < my_chunks) load_chunk(j + kStages - 1, (j + kStages - 1) % kStages);
+    cp_async_commit();
+    const uint32_t k_stage = warp_ring + (j % kStages) * 2 * Tr::kChunkBytes;
+    const uint32_t v_stage = k_stage + Tr::kChunkBytes;
+
+    // S = Q K^T: 16 rows x 16 keys.
+    float acc_s[1][2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc_s[0][n][i] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kDSteps; ++ks) {
+      uint32_t a[1][4];
+      if constexpr (Tr::kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[0][i] = q_frag[ks][0][i];
+      } else {
+        ldmatrix_x4(a[0], q_lane + ks * 16 * 2);
+      }
+      mma_b_block<Element, /*kTransposeB=*/false>(acc_s, 0, a, k_stage + k_lane_offset + ks * 16 * 2);
+    }
+
+    const int key0 = (chunk_begin + warp + j * kWarps) * kChunk;
+    if (!tile_fully_visible(query_first, query_last, key0, key0 + kChunk - 1, seqlen_q, seqlen_k,
+                            window_left, window_right)) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const KeyRange visible = visible_keys(row_query[h], seqlen_q, seqlen_k, window_left, window_right);
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            if (!visible.contains(key0 + n * 8 + thread_in_group * 2 + i)) acc_s[0][n][h * 2 + i] = -INFINITY;
+      }
+    }
+
+    // Online softmax (base 2), P in place of S; l stays a per-thread partial sum.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float chunk_max = fmaxf(row_max[h], fmaxf(fmaxf(acc_s[0][0][h * 2], acc_s[0][0][h * 2 + 1]),
+                                                fmaxf(acc_s[0][1][h * 2], acc_s[0][1][h * 2 + 1])));
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 1));
+      chunk_max = fmaxf(chunk_max, __shfl_xor_sync(0xffffffffu, chunk_max, 2));
+      float offset;
+      const float correction = online_softmax_rescale(row_max[h], chunk_max, scale_log2, offset, exp2);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float prob = softmax_probability(acc_s[0][n][h * 2 + i], scale_log2, offset, exp2);
+          acc_s[0][n][h * 2 + i] = prob;
+          sum += prob;
+        }
+      row_sum[h] = row_sum[h] * correction + sum;
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        acc_o[0][n][h * 2] *= correction;
+        acc_o[0][n][h * 2 + 1] *= correction;
+      }
+    }
+
+    // O += P V: P (16 x 16 keys) re-packed as the A operand.
+    uint32_t p_frag[1][4] = {{pack2<Element>(acc_s[0][0][0], acc_s[0][0][1]),
+                              pack2<Element>(acc_s[0][0][2], acc_s[0][0][3]),
+                              pack2<Element>(acc_s[0][1][0], acc_s[0][1][1]),
+                              pack2<Element>(acc_s[0][1][2], acc_s[0][1][3])}};
+#pragma unroll
+    for (int nd = 0; nd < kD / 16; ++nd)
+      mma_b_block<Element, /*kTransposeB=*/true>(acc_o, nd, p_frag, v_stage + v_lane_offset + nd * 16 * 2);
+  }
+  cp_async_wait<0>();  // only empty groups remain
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+
+  // Merge the warps' states through shared memory (the ring is free now):
+  // warp w's block holds m[16], l[16], then O[16][kD].
+  __syncthreads();
+  float* merge = reinterpret_cast<float*>(smem + Tr::kQBytes);
+  constexpr int kWarpFloats = Tr::kBlockRows * (kD + 2);
+  {
+    float* mine = merge + warp * kWarpFloats;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = group + h * 8;
+      if (thread_in_group == 0) {
+        mine[r] = row_max[h];
+        mine[Tr::kBlockRows + r] = row_sum[h];
+      }
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        float* o_row = mine + 2 * Tr::kBlockRows + r * kD + n * 8 + thread_in_group * 2;
+        o_row[0] = acc_o[0][n][h * 2];
+        o_row[1] = acc_o[0][n][h * 2 + 1];
+      }
+    }
+  }
+  __syncthreads();
+
+  // kThreads / 16 threads a row, each a run of consecutive columns.
+  constexpr int kThreadsPerRow = Tr::kThreads / Tr::kBlockRows;
+  constexpr int kColumns = kD / kThreadsPerRow;
+  static_assert(kColumns % 2 == 0, "column pairs");
+  const int r = tid / kThreadsPerRow;
+  const int col0 = (tid % kThreadsPerRow) * kColumns;
+  const int packed = row0 + r;
+  if (packed >= packed_rows) return;
+  float merged_max = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge[w * kWarpFloats + r]);
+  float weight[kWarps];
+  float merged_sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float m = merge[w * kWarpFloats + r];
+    // A warp that saw no key of this row (m = -inf) adds nothing.
+    weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
+    merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
+  }
+  const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
+  const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
+  float values[kColumns];
+#pragma unroll
+  for (int c = 0; c < kColumns; ++c) {
+    float value = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      value += weight[w] * merge[w * kWarpFloats + 2 * Tr::kBlockRows + r * kD + col0 + c];
+    values[c] = value * result.inverse_sum;
+  }
+  if (num_splits == 1) {
+    Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + query * p.out_row_stride +
+                   head * p.out_head_stride + col0;
+#pragma unroll
+    for (int c = 0; c < kColumns; c += 2)
+      *reinterpret_cast<uint32_t*>(out + c) = pack2<Element>(values[c], values[c + 1]);
+    if (p.lse != nullptr && col0 == 0)
+      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = result.lse;
+  } else {
+    const int64_t row = partial_row(p, split, batch, head, query);
+    float* out = o_partial + row * kD + col0;
+#pragma unroll
+    for (int c = 0; c < kColumns; c += 2) *reinterpret_cast<float2*>(out + c) = make_float2(values[c], values[c + 1]);
+    if (col0 == 0) lse_partial[row] = result.lse;
+  }
+}
+
+// One warp per (batch, head, query row): the LSE-weighted sum of the splits.
+template <typename Element, int HeadDim>
+__global__ void combine_kernel(const KvCacheParams p, const float* o_partial, const float* lse_partial,
+                               int num_splits) {
+  constexpr int kWarpsPerBlock = 4;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int query = static_cast<int>(row % p.seqlen_q);
+  const int head = static_cast<int>(row / p.seqlen_q % p.heads);
+  const int batch = static_cast<int>(row / (static_cast<int64_t>(p.seqlen_q) * p.heads));
+
+  float max_lse = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, lse_partial[s * rows + row]);
+  float sum = 0.f;
+  for (int s = 0; s < num_splits; ++s) {
+    const float lse = lse_partial[s * rows + row];
+    sum += lse == -INFINITY ? 0.f : expf(lse - max_lse);
+  }
+  // No split saw a key: out 0, lse -inf (the forward's fully masked row).
+  const float lse = sum > 0.f ? max_lse + logf(sum) : -INFINITY;
+  Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + query * p.out_row_stride +
+                 head * p.out_head_stride;
+  for (int col = lane * 4; col < HeadDim; col += 32 * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < num_splits; ++s) {
+      const float split_lse = lse_partial[s * rows + row];
+      if (split_lse == -INFINITY) continue;
+      const float weight = expf(split_lse - lse);
+      const float4 o = *reinterpret_cast<const float4*>(o_partial + (s * rows + row) * HeadDim + col);
+      acc.x += weight * o.x;
+      acc.y += weight * o.y;
+      acc.z += weight * o.z;
+      acc.w += weight * o.w;
+    }
+    uint2 packed;
+    packed.x = pack2<Element>(acc.x, acc.y);
+    packed.y = pack2<Element>(acc.z, acc.w);
+    *reinterpret_cast<uint2*>(out + col) = packed;
+  }
+  if (p.lse != nullptr && lane == 0) p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
+}
+
+template <class Tr>
+void launch_kvcache(const KvCacheParams& params, int num_splits) {
+  constexpr int kD = Tr::kHeadDim;
+  const auto stream = static_cast<cudaStream_t>(params.stream);
+  FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] {
+    if (params.k_new != nullptr && params.seqlen_new > 0) {
+      const int64_t pieces = static_cast<int64_t>(params.batch) * params.seqlen_new * params.kv_heads * (kD / 8);
+      constexpr int kThreads = 256;
+      append_kernel<Element, kD><<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0,
+                                   stream>>>(params);
+      FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (kv-cache append)", params);
+    }
+    const int64_t rows = static_cast<int64_t>(params.batch) * params.heads * params.seqlen_q;
+    float* o_partial = num_splits > 1 ? static_cast<float*>(params.workspace) : nullptr;
+    float* lse_partial = num_splits > 1 ? o_partial + num_splits * rows * kD : nullptr;
+    auto kernel = splitkv_kernel<Tr, Element>;
+    if constexpr (Tr::kSmemBytes > 48 * 1024) {
+      FLASHLAB_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+    }
+    const int packed_rows = params.seqlen_q * (params.heads / params.kv_heads);
+    const dim3 grid(num_splits, (packed_rows + Tr::kBlockRows - 1) / Tr::kBlockRows,
+                    params.batch * params.kv_heads);
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits);
+    FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV)", params);
+    if (num_splits > 1) {
+      combine_kernel<Element, kD><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
+          params, o_partial, lse_partial, num_splits);
+      FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV combine)", params);
+    }
+  });
+}
+
+}  // namespace flashlab::fa2_mma_sm80

@@ -4,9 +4,12 @@
 
 find_package(CUDAToolkit REQUIRED)
 
-# The Python that holds torch: the project's .venv when present, else python3.
+# The Python that holds torch: the one building the wheel under scikit-build-core
+# (pip install .), else the project's .venv when present, else python3.
 if(NOT FLASHLAB_PYTHON)
-  if(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  if(DEFINED SKBUILD AND Python_EXECUTABLE)
+    set(_python "${Python_EXECUTABLE}")
+  elseif(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
     set(_python "${PROJECT_SOURCE_DIR}/.venv/bin/python")
   else()
     find_program(_python NAMES python3 python REQUIRED)

@@ -66,3 +66,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_prefix apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 log "GoogleTest and Google Benchmark present"
+
+# 4. pytest, for the Python package's tests (ctest python_cpu and python_gpu run
+#    tests/python against the build tree; without pytest they report skipped).
+if "$python" -c 'import pytest' >/dev/null 2>&1; then
+  log "pytest present"
+elif "$python" -m pip install --quiet pytest; then
+  log "installed pytest into $python"
+else
+  log "warning: could not install pytest for $python: the Python tests will report skipped"
+fi

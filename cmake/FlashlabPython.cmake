@@ -1,0 +1,47 @@
+# The Python package (src/python/flashlab) and its extension, libflashlab_ops.so
+# (src/python/flashlab_ops.cpp): the C++ API as torch operators, registered with
+# TORCH_LIBRARY and loaded by the package with torch.ops.load_library, so it needs
+# no Python headers and no pybind11. Built in the normal build (make test runs
+# pytest against the build tree) and by scikit-build-core (pyproject.toml), which
+# builds the target flashlab_ops only and installs the component "python": the
+# extension here, the Python sources through wheel.packages.
+option(FLASHLAB_BUILD_PYTHON "Build the flashlab Python package's extension (libflashlab_ops.so)" ON)
+
+if(FLASHLAB_BUILD_PYTHON)
+  # The op library and its kernel libraries go into a shared object.
+  set_target_properties(flashlab PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  add_library(flashlab_ops SHARED src/python/flashlab_ops.cpp)
+  target_link_libraries(flashlab_ops PRIVATE flashlab)
+  set_target_properties(flashlab_ops PROPERTIES
+    LIBRARY_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/python"
+    # torch's libraries are loaded by `import torch` before this one; the rest
+    # (cudart) are found where the build found them.
+    INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS flashlab_ops LIBRARY DESTINATION flashlab COMPONENT python)
+
+  if(FLASHLAB_BUILD_TESTS)
+    # pytest over tests/python against the build tree: the package from the
+    # source tree, the extension from FLASHLAB_OPS_LIBRARY. A run whose every
+    # case skipped (the gpu marker without a GPU, or no pytest) reports skipped.
+    set(pytest_environment
+        "PYTHONPATH=${PROJECT_SOURCE_DIR}/src/python"
+        "FLASHLAB_OPS_LIBRARY=$<TARGET_FILE:flashlab_ops>"
+        "PYTHONDONTWRITEBYTECODE=1")
+    set(pytest_all_skipped "=+ [0-9]+ skipped(, [0-9]+ (deselected|warnings?))* in [0-9.]+s|flashlab: pytest is not installed")
+    # python_cpu: everything not marked gpu (import, schemas, fake shapes, argument
+    # errors); python_gpu: the GPU suite's default subset (FLASHLAB_FULL_MATRIX=1: all).
+    foreach(label cpu gpu)
+      if(label STREQUAL "cpu")
+        set(marker "not gpu")
+      else()
+        set(marker "gpu")
+      endif()
+      add_test(NAME python_${label}
+               COMMAND "${FLASHLAB_PYTHON}" "${PROJECT_SOURCE_DIR}/tests/python/run_pytest.py"
+                       "${PROJECT_SOURCE_DIR}/tests/python" -m "${marker}")
+      set_tests_properties(python_${label} PROPERTIES
+        LABELS ${label} TIMEOUT 600 ENVIRONMENT "${pytest_environment}"
+        SKIP_REGULAR_EXPRESSION "${pytest_all_skipped}")
+    endforeach()
+  endif()
+endif()

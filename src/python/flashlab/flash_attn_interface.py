@@ -1,0 +1,365 @@
+"""flash-attn's Python API (flash_attn.flash_attn_interface) on flashlab's operators.
+
+Same names, argument order and defaults as flash-attn 2, plus a keyword-only
+`kernel="auto"` that picks a flashlab kernel (flashlab.kernels() lists them;
+"auto" takes the first that runs the problem on this device, the backward the
+forward kernel's own when it has one). Tensors are (batch, seqlen, heads,
+head_dim), variable-length ones (total, heads, head_dim); GQA/MQA by passing k,
+v with fewer heads.
+
+What flashlab does not have raises instead of being ignored: dropout
+(dropout_p > 0), ALiBi (alibi_slopes), soft-capping (softcap != 0), paged K/V
+in the variable-length call (block_table), and in flash_attn_with_kvcache
+rotary embedding (rotary_cos/rotary_sin), cache_batch_idx and cache_leftpad.
+With return_attn_probs=True the calls return (out, softmax_lse, None): flashlab
+has no dropout and never forms the probabilities, so the third is None.
+
+Any head dim up to 256 works, as in flash-attn: the operators pad to the next
+head dim the chosen kernel has and slice the result, with the softmax scale
+still 1/sqrt(original head dim) (done in the C++ API, not here).
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _ops
+
+ops = torch.ops.flashlab
+
+
+def _contiguous_last_dim(x):
+    return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+
+def _check_common(function, dropout_p=0.0, softcap=0.0, alibi_slopes=None, kernel="auto",
+                  softmax_scale=None):
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"{function}: flashlab has no dropout; dropout_p must be 0.0, got {dropout_p!r}")
+    if softcap != 0.0:
+        raise NotImplementedError(
+            f"{function}: flashlab has no soft-capping; softcap must be 0.0, got {softcap!r}")
+    if alibi_slopes is not None:
+        raise NotImplementedError(
+            f"{function}: flashlab has no ALiBi; alibi_slopes must be None, got a "
+            f"{type(alibi_slopes).__name__}")
+    if not isinstance(kernel, str):
+        raise TypeError(f"{function}: kernel must be a str, got {type(kernel).__name__}")
+    if kernel != "auto" and kernel not in _ops._kernels:
+        raise ValueError(
+            f"{function}: unknown kernel {kernel!r}; registered kernels: "
+            f"{', '.join(_ops._kernels)} (or 'auto')")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool)
+                                      or not isinstance(softmax_scale, numbers.Real)):
+        raise TypeError(
+            f"{function}: softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+
+
+def _window(function, window_size) -> Tuple[int, int]:
+    message = (f"{function}: window_size must be a pair (left, right) of ints >= -1 "
+               f"(-1: unbounded); got {window_size!r}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(message) from None
+    for value in (left, right):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < -1:
+            raise ValueError(message)
+    return int(left), int(right)
+
+
+def _scale(softmax_scale):
+    return None if softmax_scale is None else float(softmax_scale)
+
+
+def _result(out, lse, return_attn_probs):
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _as_int(function, name, value) -> int:
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{function}: {name} must be an int, got {type(value).__name__}") from None
+
+
+# ---------------------------------------------------------------------------
+# Fixed-length batches.
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    kernel="auto",
+):
+    """Attention of q (batch, seqlen_q, heads, head_dim) over k, v (batch, seqlen_k,
+    kv_heads, head_dim); causal and window_size (left, right) align bottom-right.
+    Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse (batch, heads,
+    seqlen_q) float32, None) with return_attn_probs. Differentiable in q, k, v;
+    deterministic=True makes the backward bitwise reproducible."""
+    _check_common("flash_attn_func", dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    left, right = _window("flash_attn_func", window_size)
+    q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
+    out, lse = ops.fwd(q, k, v, _scale(softmax_scale), bool(causal), left, right,
+                       bool(deterministic), kernel)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(
+    qkv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    kernel="auto",
+):
+    """flash_attn_func on qkv (batch, seqlen, 3, heads, head_dim): q, k, v are views of it."""
+    _check_common("flash_attn_qkvpacked_func", dropout_p, softcap, alibi_slopes, kernel,
+                  softmax_scale)
+    left, right = _window("flash_attn_qkvpacked_func", window_size)
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError("flash_attn_qkvpacked_func: qkv must be (batch, seqlen, 3, heads, "
+                         f"head_dim); got shape {tuple(qkv.shape)}")
+    q, k, v = (_contiguous_last_dim(x) for x in qkv.unbind(2))
+    out, lse = ops.fwd(q, k, v, _scale(softmax_scale), bool(causal), left, right,
+                       bool(deterministic), kernel)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(
+    q,
+    kv,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    kernel="auto",
+):
+    """flash_attn_func on q and kv (batch, seqlen_k, 2, kv_heads, head_dim)."""
+    _check_common("flash_attn_kvpacked_func", dropout_p, softcap, alibi_slopes, kernel,
+                  softmax_scale)
+    left, right = _window("flash_attn_kvpacked_func", window_size)
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError("flash_attn_kvpacked_func: kv must be (batch, seqlen_k, 2, kv_heads, "
+                         f"head_dim); got shape {tuple(kv.shape)}")
+    k, v = (_contiguous_last_dim(x) for x in kv.unbind(2))
+    out, lse = ops.fwd(_contiguous_last_dim(q), k, v, _scale(softmax_scale), bool(causal), left,
+                       right, bool(deterministic), kernel)
+    return _result(out, lse, return_attn_probs)
+
+
+# ---------------------------------------------------------------------------
+# Variable-length batches: sequences packed one after another, cu_seqlens the
+# int32 prefix sums of their lengths (batch + 1), on q's device.
+
+
+def _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel):
+    left, right = _window(function, window_size)
+    max_seqlen_q = _as_int(function, "max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _as_int(function, "max_seqlen_k", max_seqlen_k)
+    q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
+    out, lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              _scale(softmax_scale), bool(causal), left, right,
+                              bool(deterministic), kernel)
+    return _result(out, lse, return_attn_probs)
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    kernel="auto",
+):
+    """Attention of each packed sequence: q (total_q, heads, head_dim), k, v (total_k,
+    kv_heads, head_dim). Returns out (total_q, heads, head_dim), or (out, softmax_lse
+    (heads, total_q), None) with return_attn_probs."""
+    function = "flash_attn_varlen_func"
+    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    if block_table is not None:
+        raise NotImplementedError(
+            f"{function}: flashlab's variable-length attention takes no paged K/V; block_table "
+            "must be None (flash_attn_with_kvcache takes a paged cache)")
+    return _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    kernel="auto",
+):
+    """flash_attn_varlen_func on qkv (total, 3, heads, head_dim)."""
+    function = "flash_attn_varlen_qkvpacked_func"
+    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"{function}: qkv must be (total, 3, heads, head_dim); got shape "
+                         f"{tuple(qkv.shape)}")
+    q, k, v = qkv.unbind(1)
+    return _varlen(function, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q,
+    kv,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    kernel="auto",
+):
+    """flash_attn_varlen_func on q and kv (total_k, 2, kv_heads, head_dim)."""
+    function = "flash_attn_varlen_kvpacked_func"
+    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"{function}: kv must be (total_k, 2, kv_heads, head_dim); got shape "
+                         f"{tuple(kv.shape)}")
+    k, v = kv.unbind(1)
+    return _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel)
+
+
+# ---------------------------------------------------------------------------
+# Decoding with a KV cache.
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens: Optional[Union[int, torch.Tensor]] = None,
+    cache_batch_idx: Optional[torch.Tensor] = None,
+    cache_leftpad: Optional[torch.Tensor] = None,
+    block_table: Optional[torch.Tensor] = None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+    *,
+    kernel="auto",
+):
+    """Attention of q (batch, seqlen_q, heads, head_dim) over a KV cache, contiguous
+    (batch, capacity, kv_heads, head_dim) or, with block_table (batch, pages per
+    sequence) int32, paged (num_pages, page_size, kv_heads, head_dim). With k, v
+    (batch, seqlen_new, kv_heads, head_dim) the new keys/values are written into
+    k_cache/v_cache in place at rows cache_seqlens[b] ... before attending; sequence
+    b sees its first cache_seqlens[b] + seqlen_new keys. cache_seqlens: an int for
+    every sequence, an int32 (batch,) tensor, or None (every cache full). num_splits:
+    0 = the kernel's heuristic. Returns out, or (out, softmax_lse) with
+    return_softmax_lse. No backward (as in flash-attn)."""
+    function = "flash_attn_with_kvcache"
+    _check_common(function, 0.0, softcap, alibi_slopes, kernel, softmax_scale)
+    if rotary_cos is not None or rotary_sin is not None:
+        raise NotImplementedError(
+            f"{function}: flashlab applies no rotary embedding; rotary_cos and rotary_sin must be "
+            "None (rotate q and k before the call)")
+    if cache_batch_idx is not None:
+        raise NotImplementedError(
+            f"{function}: cache_batch_idx is not supported; it must be None (sequence b uses "
+            "cache entry b, or the pages block_table[b] names)")
+    if cache_leftpad is not None:
+        raise NotImplementedError(
+            f"{function}: cache_leftpad is not supported; it must be None (every cache starts at "
+            "row 0)")
+    if (k is None) != (v is None):
+        raise ValueError(f"{function}: k and v go together (both new keys and values, or neither); "
+                         f"got k {'None' if k is None else 'a tensor'}, v "
+                         f"{'None' if v is None else 'a tensor'}")
+    left, right = _window(function, window_size)
+    num_splits = _as_int(function, "num_splits", num_splits)
+    if num_splits < 0:
+        raise ValueError(f"{function}: num_splits must be >= 0 (0: the kernel's heuristic); got "
+                         f"{num_splits}")
+    if isinstance(cache_seqlens, bool):
+        raise TypeError(f"{function}: cache_seqlens must be an int, an int32 tensor or None; got a "
+                        "bool")
+    if isinstance(cache_seqlens, numbers.Integral):
+        if cache_seqlens < 0:
+            raise ValueError(f"{function}: cache_seqlens must be >= 0; got {cache_seqlens}")
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32,
+                                   device=k_cache.device)
+    elif cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor):
+            raise TypeError(f"{function}: cache_seqlens must be an int, an int32 tensor or None; "
+                            f"got {type(cache_seqlens).__name__}")
+        if cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"{function}: cache_seqlens must have dtype torch.int32; got "
+                             f"{cache_seqlens.dtype}")
+        cache_seqlens = cache_seqlens.contiguous()
+    if block_table is not None:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise ValueError(f"{function}: block_table must be an int32 tensor (batch, pages per "
+                             f"sequence); got {getattr(block_table, 'dtype', type(block_table))}")
+        block_table = block_table.contiguous()
+    q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
+    out, lse = ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                               _scale(softmax_scale), bool(causal), left, right, num_splits,
+                               kernel)
+    return (out, lse) if return_softmax_lse else out

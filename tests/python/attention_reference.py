@@ -1,0 +1,94 @@
+"""Reference attention in plain PyTorch for the GPU suite, and flash-attn's
+pass rule. No flashlab here: tests/python/test_reference_cpu.py checks it
+against torch's scaled_dot_product_attention on the CPU.
+
+Masks as flash-attn (and flashlab) define them, aligned bottom-right: query row i
+of seqlen_q sees key j of seqlen_k when
+    j >= i + seqlen_k - seqlen_q - window_left    (window_left >= 0)
+    j <= i + seqlen_k - seqlen_q + window_right   (window_right >= 0; causal: 0)
+A row that sees no key gives out 0 and lse -inf.
+"""
+import math
+
+import torch
+
+
+def visible(seqlen_q, seqlen_k, causal=False, window=(-1, -1), device=None):
+    left, right = window
+    if causal:
+        right = 0
+    rows = torch.arange(seqlen_q, device=device)[:, None]
+    cols = torch.arange(seqlen_k, device=device)[None, :]
+    diagonal = rows + seqlen_k - seqlen_q
+    mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= cols >= diagonal - left
+    if right >= 0:
+        mask &= cols <= diagonal + right
+    return mask
+
+
+def reference_dtype(dtype):
+    """The precise reference's dtype: float32 for 16-bit inputs, float64 for float32."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
+def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None):
+    """q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, kv_heads, d), computed in
+    q's dtype (call it on upcast copies for the precise reference). Differentiable.
+    Returns out (batch, seqlen_q, heads, d) and lse (batch, heads, seqlen_q) float32."""
+    heads, kv_heads, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    if heads != kv_heads:
+        k = k.repeat_interleave(heads // kv_heads, dim=2)
+        v = v.repeat_interleave(heads // kv_heads, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    mask = visible(q.shape[1], k.shape[1], causal, window, q.device)
+    empty = ~mask.any(dim=-1, keepdim=True)  # rows that see no key
+    scores = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(scores.detach().float(), dim=-1)
+    # Empty rows: softmax of finite stand-ins, then zeroed (no NaN in values or gradients).
+    probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty | ~mask, 0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
+    return out, lse
+
+
+def varlen_attention_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs):
+    """attention_ref one packed sequence at a time: q (total_q, heads, d), k/v (total_k,
+    kv_heads, d). Returns out (total_q, heads, d) and lse (heads, total_q)."""
+    outs, lses = [], []
+    bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(bounds_q) - 1):
+        sq, eq, sk, ek = bounds_q[b], bounds_q[b + 1], bounds_k[b], bounds_k[b + 1]
+        out, lse = attention_ref(q[None, sq:eq], k[None, sk:ek], v[None, sk:ek], **kwargs)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs, dim=0), torch.cat(lses, dim=1)
+
+
+def rounding_atol(reference, dtype):
+    """flash-attn's atol: twice the rounding of (x + 0.3) - 0.3 in the input dtype, about
+    one ulp at the reference's magnitude."""
+    r = reference.detach().to(dtype)
+    return 2 * ((r + 0.3 - 0.3) - r).abs().max().item()
+
+
+def assert_close_to_reference(name, actual, precise, same_precision, factor, dtype):
+    """flash-attn's rule: |actual - precise| <= factor * |same_precision - precise| + atol
+    (max over elements). factor 2 for out and lse, 3 for gradients. -inf must match."""
+    actual, precise, same_precision = actual.detach(), precise.detach(), same_precision.detach()
+    assert actual.shape == precise.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(precise.shape)}"
+    assert not actual.isnan().any(), f"{name}: {int(actual.isnan().sum())} NaN"
+    infinite = precise.isinf()
+    if infinite.any():  # lse of rows that see no key
+        assert torch.equal(actual[infinite].float(), precise[infinite].float()), f"{name}: -inf rows differ"
+        keep = ~infinite
+        actual, precise, same_precision = actual[keep], precise[keep], same_precision[keep]
+    if actual.numel() == 0:
+        return
+    error = (actual.to(precise.dtype) - precise).abs().max().item()
+    same_precision_error = (same_precision.to(precise.dtype) - precise).abs().max().item()
+    atol = rounding_atol(precise, dtype)
+    bound = factor * same_precision_error + atol
+    assert error <= bound, (f"{name}: max error {error:.3e} > {factor} x {same_precision_error:.3e} "
+                            f"(PyTorch in {dtype}) + atol {atol:.3e}")

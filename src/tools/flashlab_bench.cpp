@@ -23,15 +23,28 @@
 //     Each configuration first has to pass flashlab::check_kernel on a small
 //     odd causal problem (batch 1, 2 heads, seqlen 257 x 300, its head dim, the
 //     bench dtype); one that fails is reported with the reason and not timed.
+//   --decode: decoding with a KV cache (flash_attn_with_kvcache semantics,
+//     issue 11) instead of the forward: one query row per sequence against a
+//     full cache of L keys (cache_seqlens = L, no append, not causal), every
+//     registered kernel with a KV-cache path (contiguous cache, and paged with
+//     --cache) and torch SDPA's flash and cudnn backends with enable_gqa. Its
+//     own flags: --batches=1,8,32 --cache-lens=1024,...,131072
+//     --heads=32/8,64/8 (query/kv heads) --head-dims (default 128) --dtype
+//     --cache=contiguous|paged|both --page-size=256 --num-splits=0 (heuristic)
+//     --flush-l2=on|off --torch-layout=bhsd|cache --samples=100. Reports the
+//     achieved GB/s of K/V read and its fraction of a device-to-device copy's
+//     bandwidth measured in the same run (see "--decode" below).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>
 #include <torch/version.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -66,6 +79,8 @@ const std::vector<std::string> kBackends = {"flash", "cudnn", "efficient", "math
 const std::vector<std::string> kBackwardBackends = {"flash", "cudnn"};
 // A registered kernel's backward in deterministic mode: "<kernel>(det)".
 const std::string kDeterministicSuffix = "(det)";
+// --decode's default torch backends (the issue's yardsticks).
+const std::vector<std::string> kDecodeBackends = {"flash", "cudnn"};
 
 struct BenchConfig {
   std::vector<int> head_dims = {64, 128};
@@ -79,7 +94,34 @@ struct BenchConfig {
   bool backends_given = false;
   bool sweep = false;  // tuning_kernels() instead of registered_kernels()
   std::vector<Direction> directions = {Direction::forward};
+
+  // --decode (see the decode section below).
+  bool decode = false;
+  std::vector<int> batches = {1, 8, 32};
+  std::vector<int> cache_lens = {1024, 4096, 8192, 16384, 32768, 65536, 131072};
+  std::vector<std::pair<int, int>> head_counts = {{32, 8}, {64, 8}};  // (query heads, kv heads)
+  bool contiguous_cache = true, paged_cache = true;
+  int page_size = 256;
+  int num_splits = 0;        // 0: each kernel's heuristic
+  bool flush_l2 = true;      // read a buffer larger than L2 before every timed call
+  bool torch_bhsd = true;    // SDPA gets contiguous (B, H, L, D) copies; false: views of the cache
+  int samples = 100;         // timed calls per row (fixed: Google Benchmark's Iterations)
 };
+
+// "32/8,64/8" -> {(32, 8), (64, 8)}; "16" -> {(16, 16)}. Query heads a multiple of kv heads.
+std::vector<std::pair<int, int>> parse_head_counts(const std::string& text) {
+  std::vector<std::pair<int, int>> counts;
+  for (const std::string& entry : flashlab::parse_list("--heads", text)) {
+    const size_t slash = entry.find('/');
+    const int heads = flashlab::parse_int("--heads", entry.substr(0, slash), 1);
+    const int kv_heads =
+        slash == std::string::npos ? heads : flashlab::parse_int("--heads", entry.substr(slash + 1), 1);
+    if (heads % kv_heads != 0)
+      throw flashlab::ArgumentError("--heads " + entry + ": query heads must be a multiple of kv heads");
+    counts.emplace_back(heads, kv_heads);
+  }
+  return counts;
+}
 
 // Our flags; Google Benchmark's --benchmark_* flags are handed back in `passed_through`.
 // Throws flashlab::ArgumentError (exit 2). nullopt: --help was printed.
@@ -87,6 +129,9 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
   BenchConfig config;
   std::vector<std::string> kernels;
   bool kernels_given = false;
+  bool head_dims_given = false;
+  // Flags that belong to one mode only, to say so when given in the other.
+  std::vector<std::string> forward_only, decode_only;
   using flashlab::parse_int;
   constexpr int kIntMax = std::numeric_limits<int>::max();
   flashlab::ArgumentParser parser(
@@ -94,20 +139,33 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
       "Every registered kernel and torch SDPA's backends on the same inputs, timed with CUDA events.",
       "exit codes: 0 done, 2 bad arguments, 3 no usable GPU\n");
   parser
-      .option("--head-dims", "D1,D2,...", "(default 64,128)",
-              [&](const std::string& v) { config.head_dims = flashlab::parse_int_list("--head-dims", v, 1, kIntMax); })
+      .option("--head-dims", "D1,D2,...", "(default 64,128; --decode: 128)",
+              [&](const std::string& v) {
+                config.head_dims = flashlab::parse_int_list("--head-dims", v, 1, kIntMax);
+                head_dims_given = true;
+              })
       .option("--seqlens", "S1,S2,...", "seqlen_q = seqlen_k (default 1024,4096,16384)",
-              [&](const std::string& v) { config.seqlens = flashlab::parse_int_list("--seqlens", v, 1, kIntMax); })
+              [&](const std::string& v) {
+                config.seqlens = flashlab::parse_int_list("--seqlens", v, 1, kIntMax);
+                forward_only.push_back("--seqlens");
+              })
       .option("--tokens", "N", "batch = tokens / seqlen (default 32768)",
-              [&](const std::string& v) { config.tokens = parse_int("--tokens", v, 1, kIntMax); })
+              [&](const std::string& v) {
+                config.tokens = parse_int("--tokens", v, 1, kIntMax);
+                forward_only.push_back("--tokens");
+              })
       .option("--model-dim", "N", "heads = model-dim / head_dim (default 2048)",
-              [&](const std::string& v) { config.model_dim = parse_int("--model-dim", v, 1, kIntMax); })
+              [&](const std::string& v) {
+                config.model_dim = parse_int("--model-dim", v, 1, kIntMax);
+                forward_only.push_back("--model-dim");
+              })
       .option("--dtype", "fp32|fp16|bf16", "(default bf16)",
               [&](const std::string& v) { config.dtype = flashlab::parse_dtype("--dtype", v); })
       .option("--causal", "both|on|off", "(default both)",
               [&](const std::string& v) {
                 config.causal = flashlab::parse_choice<std::vector<bool>>(
                     "--causal", v, {{"both", {false, true}}, {"on", {true}}, {"off", {false}}});
+                forward_only.push_back("--causal");
               })
       .option("--kernels", "all|NAME,...",
               "registered kernels to time (with --sweep: tuning configurations) (default all)",
@@ -115,7 +173,7 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 kernels = v == "all" ? std::vector<std::string>{} : flashlab::parse_list("--kernels", v);
                 kernels_given = true;
               })
-      .option("--backends", "all|none|flash,cudnn,efficient,math", "torch SDPA backends (default all)",
+      .option("--backends", "all|none|flash,cudnn,efficient,math", "torch SDPA backends (default all; --decode: flash,cudnn)",
               [&](const std::string& v) {
                 if (v == "all") config.backends = kBackends;
                 else if (v == "none") config.backends.clear();
@@ -136,11 +194,75 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 for (const std::string& name : flashlab::parse_list("--direction", v))
                   config.directions.push_back(
                       flashlab::parse_choice("--direction", name, flashlab::direction_choices()));
+                forward_only.push_back("--direction");
               })
       .flag("--sweep",
             "time every tuning configuration that takes the case (after a correctness\ncheck) against "
             "sdpa_flash, instead of the registered kernels",
-            [&] { config.sweep = true; })
+            [&] {
+              config.sweep = true;
+              forward_only.push_back("--sweep");
+            })
+      .flag("--decode",
+            "decoding with a KV cache instead of the forward: one query row per sequence,\nthe kernels' "
+            "KV-cache path and SDPA flash/cudnn with enable_gqa; GB/s of K/V\nread against a "
+            "device-to-device copy measured in the same run",
+            [&] { config.decode = true; })
+      .option("--batches", "B1,B2,...", "--decode: batch sizes (default 1,8,32)",
+              [&](const std::string& v) {
+                config.batches = flashlab::parse_int_list("--batches", v, 1, kIntMax);
+                decode_only.push_back("--batches");
+              })
+      .option("--cache-lens", "L1,L2,...",
+              "--decode: keys in each sequence's cache (default\n1024,4096,8192,16384,32768,65536,131072)",
+              [&](const std::string& v) {
+                config.cache_lens = flashlab::parse_int_list("--cache-lens", v, 1, kIntMax);
+                decode_only.push_back("--cache-lens");
+              })
+      .option("--heads", "H/HKV,...", "--decode: query heads / kv heads (default 32/8,64/8; H alone: HKV = H)",
+              [&](const std::string& v) {
+                config.head_counts = parse_head_counts(v);
+                decode_only.push_back("--heads");
+              })
+      .option("--cache", "contiguous|paged|both",
+              "--decode: the kernels' cache layouts (default both); torch\nalways reads a contiguous cache",
+              [&](const std::string& v) {
+                const auto layouts = flashlab::parse_choice<std::pair<bool, bool>>(
+                    "--cache", v, {{"both", {true, true}}, {"contiguous", {true, false}}, {"paged", {false, true}}});
+                config.contiguous_cache = layouts.first;
+                config.paged_cache = layouts.second;
+                decode_only.push_back("--cache");
+              })
+      .option("--page-size", "N", "--decode: rows per page of the paged cache (default 256)",
+              [&](const std::string& v) {
+                config.page_size = parse_int("--page-size", v, 1, kIntMax);
+                decode_only.push_back("--page-size");
+              })
+      .option("--num-splits", "N", "--decode: splits of each sequence's keys (default 0: the\nkernel's heuristic)",
+              [&](const std::string& v) {
+                config.num_splits = parse_int("--num-splits", v, 0, kIntMax);
+                decode_only.push_back("--num-splits");
+              })
+      .option("--flush-l2", "on|off",
+              "--decode: read a buffer 4x the L2 size before every timed call,\nuntimed (default on: "
+              "a decode step finds its layer's K/V in DRAM)",
+              [&](const std::string& v) {
+                config.flush_l2 = flashlab::parse_choice<bool>("--flush-l2", v, {{"on", true}, {"off", false}});
+                decode_only.push_back("--flush-l2");
+              })
+      .option("--torch-layout", "bhsd|cache",
+              "--decode: SDPA's inputs: contiguous (B, H, L, D) copies made\nuntimed (default bhsd), or "
+              "transposed views of the kernels' (B, L, H, D) cache",
+              [&](const std::string& v) {
+                config.torch_bhsd =
+                    flashlab::parse_choice<bool>("--torch-layout", v, {{"bhsd", true}, {"cache", false}});
+                decode_only.push_back("--torch-layout");
+              })
+      .option("--samples", "N", "--decode: timed calls per row, after 3 warm-ups (default 100)",
+              [&](const std::string& v) {
+                config.samples = parse_int("--samples", v, 1, kIntMax);
+                decode_only.push_back("--samples");
+              })
       .pass_through("--benchmark_", "Google Benchmark's own flags (--benchmark_filter=REGEX, --benchmark_out=FILE, ...)");
   const auto result = parser.parse(argc, argv);
   if (result.help) {
@@ -148,6 +270,24 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
     return std::nullopt;
   }
   passed_through = result.passed_through;
+  if (config.decode && !forward_only.empty())
+    throw flashlab::ArgumentError(forward_only.front() +
+                                  " times forward problems; --decode takes --batches, --cache-lens, --heads");
+  if (!config.decode && !decode_only.empty())
+    throw flashlab::ArgumentError(decode_only.front() + " goes with --decode");
+  if (config.decode) {
+    if (!head_dims_given) config.head_dims = {128};
+    if (!config.backends_given) config.backends = kDecodeBackends;
+    if (kernels_given) {
+      // Only kernels with a KV-cache path time decoding.
+      std::vector<std::string> accepted = {"all"};
+      for (const auto& kernel : flashlab::registered_kernels())
+        if (kernel.kvcache_launch != nullptr) accepted.push_back(kernel.name);
+      flashlab::check_choices("--kernels (kernels with a KV-cache path)", kernels, accepted);
+    }
+    config.kernels = kernels;
+    return config;
+  }
   // Kernel names are checked once --sweep is known (it chooses the list they come from).
   std::vector<std::string> accepted = {"all"};
   for (const auto& kernel : config.sweep ? flashlab::tuning_kernels() : flashlab::registered_kernels())
@@ -232,6 +372,10 @@ struct Measurement {
   std::string case_name, implementation;
   double median_ms = 0, tflops = 0;
   std::string error;
+  // --decode: GB/s of K/V read, the splits a kernel chose (0: a torch row),
+  // the largest |out - reference| of the checked sequences.
+  double gbps = 0, max_abs_error = 0;
+  int splits = 0;
 };
 std::vector<Measurement> measurements;
 double matmul_peak_tflops = 0;
@@ -468,6 +612,454 @@ void print_summary(const BenchConfig& config) {
                 "its kernel's default mode\n");
 }
 
+// ---------------------------------------------------------------------------
+// --decode: decoding with a KV cache (flash_attn_with_kvcache semantics, issue 11).
+//
+// A case is one decode step of a batch: q (batch, 1, heads, head_dim) against
+// a cache that holds exactly cache_len keys per sequence (cache_seqlens =
+// cache_len = the capacity), nothing appended, not causal (one query row sees
+// every key anyway), softmax scale 1/sqrt(head_dim). Its rows:
+//   <kernel>             a registered kernel's KV-cache path on the contiguous
+//                        cache (batch, cache_len, kv_heads, head_dim)
+//   <kernel>(paged256)   the same kernel on the same keys and values as pages of
+//                        --page-size rows: the contiguous cache viewed as
+//                        (batch * cache_len / 256, 256, kv_heads, head_dim)
+//                        pages, every sequence given a random set of them by
+//                        block_table (a random permutation: scattered like a
+//                        real page pool, the same bytes, no second copy)
+//   sdpa_flash, sdpa_cudnn  torch's backends pinned one at a time: q (batch,
+//                        heads, 1, head_dim), k/v (batch, kv_heads, cache_len,
+//                        head_dim), enable_gqa=true. What torch does with GQA
+//                        inside is its own business; a backend that refuses the
+//                        case is reported as unavailable with torch's reasons
+//                        (the warnings its dispatcher gives), never replaced.
+// Kernels are timed through the lower-level entry: make_kvcache_params once,
+// then only run_kvcache_kernel in the timed call (no validation, no host
+// copies). attention_with_kvcache_into runs once before, untimed, so the
+// problem is one the public API validates. Then every row's output for the
+// first and last sequence is compared with a float32 reference (for kernels
+// the timed path's own output, poisoned with NaN first): a wrong result is
+// reported and not timed.
+//
+// Timing: CUDA events around each call on the current stream (EventTimer), 3
+// warm-ups, --samples timed calls, the median. With --flush-l2 on (default)
+// every timed call is preceded, outside the events, by a read of a buffer 4x
+// the L2 size: K/V then come from DRAM, as in a real decode step where the
+// other layers ran in between, and the host's launch overhead overlaps that
+// read instead of the timed window (times are device times, as in a decoder
+// that replays a CUDA graph).
+//
+// GB/s: the bytes of K and V read, 2 x batch x cache_len x kv_heads x head_dim
+// x element size (q and out are negligible), over the median time; 1 GB = 1e9
+// bytes. The copy bandwidth: a 2 GiB device-to-device at::Tensor::copy_ timed
+// the same way (median of 20 after 3 warm-ups) and counted (read + write) /
+// time, 4 GiB of DRAM traffic per copy, which is what a streaming kernel can
+// reach; "% copy" is a row's GB/s over it.
+//
+// Memory: the largest default case, batch 32 x 131072 keys x 8 kv heads x 128
+// x 2 B x 2 (K and V) = 16 GiB, 32 GiB with torch's bhsd copies, fits an 80 GB
+// H100. A case that needs more than the device has free when the cases are
+// registered is skipped, and stdout says so.
+
+struct DecodeCase {
+  int batch = 0, heads = 0, kv_heads = 0, head_dim = 0, cache_len = 0;
+  at::ScalarType dtype = at::kBFloat16;
+  // "decode/d128/b8/h32/kv8/L16384" (scripts/bench_table.py and plot_bench.py parse it).
+  std::string name() const {
+    return "decode/d" + std::to_string(head_dim) + "/b" + std::to_string(batch) + "/h" + std::to_string(heads) +
+           "/kv" + std::to_string(kv_heads) + "/L" + std::to_string(cache_len);
+  }
+  double kv_bytes() const {
+    return 2.0 * batch * double(cache_len) * kv_heads * head_dim * double(c10::elementSize(dtype));
+  }
+};
+
+// A paged row's implementation name: "<kernel>(paged256)".
+const std::string kPagedMarker = "(paged";
+std::string decode_kernel_of(const std::string& implementation, bool* paged = nullptr) {
+  const size_t marker = implementation.find(kPagedMarker);
+  if (paged) *paged = marker != std::string::npos;
+  return implementation.substr(0, marker);
+}
+
+constexpr size_t kCopyBytes = size_t(2) << 30;
+double copy_gbps = 0;
+
+// Device-to-device copy of `bytes`, (read + write) bytes per second / 1e9.
+double measure_copy_gbps(size_t bytes) {
+  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0);
+  const at::Tensor source = at::ones({static_cast<int64_t>(bytes)}, options);
+  at::Tensor target = at::empty_like(source);
+  EventTimer timer;
+  const float ms = timer.median_ms([&] { target.copy_(source); }, 20);
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+}
+
+// Reads a buffer 4x the L2 size (at least 256 MiB) into one float: afterwards
+// L2 holds clean lines of that buffer and nothing of the next call's inputs.
+struct L2Flush {
+  at::Tensor buffer, sum;
+  void operator()() { at::sum_out(sum, buffer); }
+} l2_flush;
+
+// float32 attention of one sequence: q (heads, head_dim) over k, v (keys,
+// kv_heads, head_dim); query head h uses kv head h / (heads / kv_heads).
+// Returns (heads, head_dim).
+at::Tensor decode_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t heads = q.size(0), kv_heads = k.size(1), head_dim = q.size(1);
+  const at::Tensor qf = q.to(at::kFloat).reshape({kv_heads, heads / kv_heads, head_dim});
+  const at::Tensor kf = k.to(at::kFloat).permute({1, 2, 0});  // (kv_heads, head_dim, keys)
+  const at::Tensor vf = v.to(at::kFloat).permute({1, 0, 2});  // (kv_heads, keys, head_dim)
+  const at::Tensor scores = at::matmul(qf, kf) / std::sqrt(double(head_dim));
+  return at::matmul(at::softmax(scores, -1), vf).reshape({heads, head_dim});
+}
+
+// The inputs of the case being timed; every row of a case shares them.
+struct DecodeInputs {
+  std::string case_name;
+  at::Tensor q;                 // (batch, 1, heads, head_dim)
+  at::Tensor k_cache, v_cache;  // (batch, cache_len, kv_heads, head_dim)
+  at::Tensor cache_seqlens;     // int32 (batch), all cache_len
+  // The paged view (first paged row): pages of the contiguous cache and a
+  // random permutation of them as block_table (batch, cache_len / page_size).
+  at::Tensor k_pages, v_pages, block_table;
+  at::Tensor torch_q, torch_k, torch_v;  // SDPA's (batch, heads, 1, d), (batch, kv_heads, L, d)
+  std::vector<int> checked;  // the sequences whose output is checked: first and last
+  std::vector<at::Tensor> reference, paged_reference;  // float32 (heads, head_dim) per checked sequence
+} decode_current;
+
+DecodeInputs& decode_inputs_for(const DecodeCase& c) {
+  if (decode_current.case_name == c.name()) return decode_current;
+  decode_current = {};
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  DecodeInputs& in = decode_current;
+  at::manual_seed(1234);
+  const auto options = at::TensorOptions().dtype(c.dtype).device(at::kCUDA, 0);
+  in.q = at::randn({c.batch, 1, c.heads, c.head_dim}, options);
+  in.k_cache = at::randn({c.batch, c.cache_len, c.kv_heads, c.head_dim}, options);
+  in.v_cache = at::randn({c.batch, c.cache_len, c.kv_heads, c.head_dim}, options);
+  in.cache_seqlens = at::full({c.batch}, c.cache_len, options.dtype(at::kInt));
+  in.checked = {0};
+  if (c.batch > 1) in.checked.push_back(c.batch - 1);
+  for (const int b : in.checked)
+    in.reference.push_back(decode_reference(in.q[b][0], in.k_cache[b], in.v_cache[b]));
+  in.case_name = c.name();  // last: a case whose inputs failed half-way is made again
+  return in;
+}
+
+void make_paged_view(DecodeInputs& in, const DecodeCase& c, int page_size) {
+  if (in.block_table.defined()) return;
+  const int64_t per_sequence = c.cache_len / page_size, pages = c.batch * per_sequence;
+  in.k_pages = in.k_cache.view({pages, page_size, c.kv_heads, c.head_dim});
+  in.v_pages = in.v_cache.view({pages, page_size, c.kv_heads, c.head_dim});
+  const at::Tensor table =
+      at::randperm(pages, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, 0)).view({c.batch, per_sequence});
+  for (const int b : in.checked) {
+    const at::Tensor rows = table[b];
+    in.paged_reference.push_back(decode_reference(in.q[b][0], in.k_pages.index_select(0, rows).flatten(0, 1),
+                                                  in.v_pages.index_select(0, rows).flatten(0, 1)));
+  }
+  in.block_table = table.to(at::kInt).contiguous();
+}
+
+void make_torch_inputs(DecodeInputs& in, bool bhsd) {
+  if (in.torch_q.defined()) return;
+  // (batch, heads, 1, head_dim) and (batch, kv_heads, cache_len, head_dim).
+  at::Tensor q = in.q.transpose(1, 2), k = in.k_cache.transpose(1, 2), v = in.v_cache.transpose(1, 2);
+  if (bhsd) q = q.contiguous(), k = k.contiguous(), v = v.contiguous();
+  in.torch_k = k, in.torch_v = v;
+  in.torch_q = q;  // last: the mark that they are made
+}
+
+struct DecodeCall {
+  std::function<void()> call;        // what is timed
+  std::function<at::Tensor()> run;   // one untimed call: its output as (batch, heads, head_dim)
+  int splits = 0;                    // kernels: the splits the launch uses
+};
+
+DecodeCall make_kernel_decode_call(const std::string& implementation, const DecodeCase& c, DecodeInputs& in,
+                                   const BenchConfig& config) {
+  bool paged = false;
+  const std::string name = decode_kernel_of(implementation, &paged);
+  if (paged) make_paged_view(in, c, config.page_size);
+  const at::Tensor k = paged ? in.k_pages : in.k_cache, v = paged ? in.v_pages : in.v_cache;
+  flashlab::KvCacheOptions options;
+  options.kernel = name;
+  options.cache_seqlens = in.cache_seqlens;
+  if (paged) options.block_table = in.block_table;
+  options.num_splits = config.num_splits;
+  const at::Tensor out = at::empty_like(in.q);
+  const at::Tensor lse = at::empty({c.batch, c.heads, 1}, in.q.options().dtype(at::kFloat));
+  // Once through the public entry: it validates this very problem (lengths, pages).
+  flashlab::attention_with_kvcache_into(in.q, k, v, out, lse, options);
+  const flashlab::KvCacheParams params = flashlab::make_kvcache_params(in.q, k, v, out, lse, options);
+  const flashlab::KernelVariant& kernel = flashlab::select_kvcache_kernel(params, name);
+  DecodeCall result;
+  result.splits = flashlab::kvcache_splits(kernel, params);
+  // out and lse ride along: params points into them.
+  result.call = [&kernel, params, out, lse] { flashlab::run_kvcache_kernel(kernel, params); };
+  result.run = [out, call = result.call] {
+    out.fill_(std::numeric_limits<float>::quiet_NaN());
+    call();
+    return out.select(1, 0);
+  };
+  return result;
+}
+
+DecodeCall make_torch_decode_call(const std::string& backend, DecodeInputs& in, bool bhsd) {
+  make_torch_inputs(in, bhsd);
+  const at::Tensor q = in.torch_q, k = in.torch_k, v = in.torch_v;
+  DecodeCall result;
+  result.call = [=] {
+    pin_sdpa_backend(backend);
+    at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, std::nullopt, /*enable_gqa=*/true);
+  };
+  result.run = [=] {
+    pin_sdpa_backend(backend);
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, std::nullopt, true).select(2, 0);
+  };
+  return result;
+}
+
+// torch's dispatcher says why a pinned backend cannot run through warnings,
+// then throws "No available kernel"; this keeps them for the report.
+struct WarningCollector : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+};
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string error_text(const std::exception& error) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))
+    return first_line(torch_error->what_without_backtrace());
+  return first_line(error.what());
+}
+
+// A torch row's untimed call; a refusal becomes "unavailable: <error> (<torch's reasons>)".
+at::Tensor run_torch_row(const DecodeCall& call) {
+  WarningCollector collector;
+  const bool warn_always = c10::WarningUtils::get_warnAlways();
+  c10::WarningUtils::set_warnAlways(true);
+  c10::WarningUtils::WarningHandlerGuard guard(&collector);
+  try {
+    at::Tensor out = call.run();
+    c10::WarningUtils::set_warnAlways(warn_always);
+    return out;
+  } catch (const std::exception& error) {
+    c10::WarningUtils::set_warnAlways(warn_always);
+    std::string reasons;
+    for (const auto& message : collector.messages) reasons += (reasons.empty() ? "" : "; ") + first_line(message);
+    throw std::runtime_error("unavailable: " + error_text(error) + (reasons.empty() ? "" : " (" + reasons + ")"));
+  }
+}
+
+// Largest |out - reference| over the checked sequences (out: (batch, heads,
+// head_dim)). Allowed: 2% of the reference's largest magnitude, about ten
+// times what bf16 rounding of P and of the output gives.
+double decode_output_error(const at::Tensor& out, const std::vector<int>& checked,
+                           const std::vector<at::Tensor>& reference, std::string& failure) {
+  double worst = 0;
+  for (size_t i = 0; i < checked.size(); ++i) {
+    const double error = (out[checked[i]].to(at::kFloat) - reference[i]).abs().max().item<double>();
+    const double tolerance = 0.02 * reference[i].abs().max().item<double>() + 1e-6;
+    if (!(error <= tolerance) && failure.empty()) {
+      char text[160];
+      std::snprintf(text, sizeof text, "wrong result, not timed: sequence %d max |out - reference| %.3g > %.3g",
+                    checked[i], error, tolerance);
+      failure = text;
+    }
+    if (std::isnan(error) || (!std::isnan(worst) && error > worst)) worst = error;  // NaN sticks
+  }
+  return worst;
+}
+
+void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const std::string& implementation,
+                          const BenchConfig& config, const std::string& skip_reason, const std::string& progress) {
+  Measurement measurement{c.name(), implementation};
+  std::fprintf(stderr, "%s %s/%s\n", progress.c_str(), c.name().c_str(), implementation.c_str());
+  try {
+    if (!skip_reason.empty()) throw std::runtime_error(skip_reason);
+    DecodeInputs& in = decode_inputs_for(c);
+    const bool torch = implementation.rfind("sdpa_", 0) == 0;
+    const DecodeCall call = torch ? make_torch_decode_call(implementation.substr(5), in, config.torch_bhsd)
+                                  : make_kernel_decode_call(implementation, c, in, config);
+    const at::Tensor out = torch ? run_torch_row(call) : call.run();
+    bool paged = false;
+    decode_kernel_of(implementation, &paged);
+    std::string failure;
+    measurement.max_abs_error =
+        decode_output_error(out, in.checked, paged ? in.paged_reference : in.reference, failure);
+    if (!failure.empty()) throw std::runtime_error(failure);
+    EventTimer timer;
+    for (int warmup = 0; warmup < 3; ++warmup) call.call();
+    FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> times;
+    for (auto _ : state) {
+      if (config.flush_l2) l2_flush();  // before the start event: not timed
+      const float ms = timer.time_ms(call.call);
+      times.push_back(ms);
+      state.SetIterationTime(ms * 1e-3);
+    }
+    measurement.median_ms = median(times);
+    measurement.gbps = c.kv_bytes() / (measurement.median_ms * 1e-3) / 1e9;
+    measurement.splits = call.splits;
+    state.counters["median_ms"] = measurement.median_ms;
+    state.counters["GBps"] = measurement.gbps;
+    state.counters["copy_fraction"] = measurement.gbps / copy_gbps;
+    state.counters["kv_bytes"] = c.kv_bytes();
+    state.counters["max_abs_err"] = measurement.max_abs_error;
+    if (!torch) state.counters["splits"] = measurement.splits;
+    std::fprintf(stderr, "  %.2f us, %.0f GB/s, %.1f%% of copy%s\n", measurement.median_ms * 1e3, measurement.gbps,
+                 100 * measurement.gbps / copy_gbps,
+                 torch ? "" : (", splits " + std::to_string(measurement.splits)).c_str());
+  } catch (const std::exception& error) {
+    measurement.error = error_text(error);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    cudaGetLastError();
+    std::fprintf(stderr, "  %s\n", measurement.error.c_str());
+    state.SkipWithError(measurement.error.c_str());
+  }
+  for (auto& existing : measurements)
+    if (existing.case_name == measurement.case_name && existing.implementation == implementation) {
+      existing = measurement;
+      return;
+    }
+  measurements.push_back(measurement);
+}
+
+void print_decode_summary(const BenchConfig& config) {
+  std::printf("\ncopy bandwidth measured in this run: %.0f GB/s (at::Tensor::copy_ of %zu GiB device to device, "
+              "(read + write) / time, median of 20)\n",
+              copy_gbps, kCopyBytes >> 30);
+  std::printf("%-34s %-24s %6s %10s %8s %7s %9s %9s\n", "case", "implementation", "splits", "median us", "GB/s",
+              "% copy", "vs flash", "vs cudnn");
+  std::vector<std::string> case_order;
+  for (const auto& m : measurements)
+    if (std::find(case_order.begin(), case_order.end(), m.case_name) == case_order.end())
+      case_order.push_back(m.case_name);
+  for (const auto& case_name : case_order) {
+    auto reference_ms = [&](const char* name) {
+      for (const auto& m : measurements)
+        if (m.case_name == case_name && m.implementation == name && m.error.empty()) return m.median_ms;
+      return 0.0;
+    };
+    const double flash_ms = reference_ms("sdpa_flash"), cudnn_ms = reference_ms("sdpa_cudnn");
+    for (const auto& m : measurements) {
+      if (m.case_name != case_name) continue;
+      if (!m.error.empty()) {
+        std::printf("%-34s %-24s   %s\n", case_name.c_str(), m.implementation.c_str(), m.error.substr(0, 200).c_str());
+        continue;
+      }
+      char splits[16] = "-", flash_ratio[16] = "-", cudnn_ratio[16] = "-";
+      if (m.implementation.rfind("sdpa_", 0) != 0) std::snprintf(splits, sizeof splits, "%d", m.splits);
+      if (flash_ms > 0) std::snprintf(flash_ratio, sizeof flash_ratio, "%.2fx", flash_ms / m.median_ms);
+      if (cudnn_ms > 0) std::snprintf(cudnn_ratio, sizeof cudnn_ratio, "%.2fx", cudnn_ms / m.median_ms);
+      std::printf("%-34s %-24s %6s %10.2f %8.0f %6.1f%% %9s %9s\n", case_name.c_str(), m.implementation.c_str(),
+                  splits, m.median_ms * 1e3, m.gbps, 100 * m.gbps / copy_gbps, flash_ratio, cudnn_ratio);
+    }
+  }
+  std::printf("GB/s: K and V bytes read (2 x batch x L x kv_heads x head_dim x element size) / median time; "
+              "%% copy: of the copy bandwidth above; ratios > 1 mean faster than that torch backend; splits: "
+              "the kernel's split-KV count (--num-splits %d%s); L2 %s before each timed call; torch inputs %s\n",
+              config.num_splits, config.num_splits == 0 ? ": its heuristic" : "",
+              config.flush_l2 ? "flushed" : "not flushed",
+              config.torch_bhsd ? "contiguous (B, H, L, D) copies" : "transposed views of the (B, L, H, D) cache");
+}
+
+// --decode in place of the forward benchmark; returns the exit code.
+int run_decode(const BenchConfig& config, const cudaDeviceProp& properties) {
+  copy_gbps = measure_copy_gbps(kCopyBytes);
+  if (config.flush_l2) {
+    const int64_t bytes = std::max<int64_t>(int64_t(256) << 20, int64_t(4) * properties.l2CacheSize);
+    const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0);
+    l2_flush.buffer = at::zeros({bytes / 4}, options);
+    l2_flush.sum = at::empty({}, options);
+  }
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  size_t free_bytes = 0, total_bytes = 0;
+  FLASHLAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  benchmark::AddCustomContext("mode", "decode");
+  benchmark::AddCustomContext("copy_GBps", std::to_string(copy_gbps));
+  benchmark::AddCustomContext("copy_bytes", std::to_string(kCopyBytes));
+  benchmark::AddCustomContext("copy_convention", "(read + write) / time");
+  benchmark::AddCustomContext("l2_flush", config.flush_l2 ? "on" : "off");
+  benchmark::AddCustomContext("torch_layout", config.torch_bhsd ? "bhsd" : "cache");
+  benchmark::AddCustomContext("page_size", std::to_string(config.page_size));
+  benchmark::AddCustomContext("num_splits", std::to_string(config.num_splits));
+  benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  std::printf("copy bandwidth: %.0f GB/s ((read + write) / time, %zu GiB copy_); %.1f GiB free for the cases\n",
+              copy_gbps, kCopyBytes >> 30, free_bytes / double(1 << 30));
+
+  std::vector<std::string> kernels;
+  for (const auto& kernel : flashlab::registered_kernels())
+    if (kernel.kvcache_launch != nullptr &&
+        (config.kernels.empty() ||
+         std::find(config.kernels.begin(), config.kernels.end(), kernel.name) != config.kernels.end()))
+      kernels.push_back(kernel.name);
+  if (kernels.empty()) std::printf("no registered kernel has a KV-cache path: timing torch's backends only\n");
+
+  struct Row {
+    DecodeCase c;
+    std::string implementation, skip_reason;
+  };
+  std::vector<Row> rows;
+  for (const int head_dim : config.head_dims)
+    for (const auto& [heads, kv_heads] : config.head_counts)
+      for (const int batch : config.batches)
+        for (const int cache_len : config.cache_lens) {
+          const DecodeCase c{batch, heads, kv_heads, head_dim, cache_len, config.dtype};
+          std::vector<std::string> implementations;
+          if (config.contiguous_cache) implementations = kernels;
+          for (const auto& backend : config.backends) implementations.push_back("sdpa_" + backend);
+          if (config.paged_cache)
+            for (const auto& kernel : kernels)
+              implementations.push_back(kernel + kPagedMarker + std::to_string(config.page_size) + ")");
+          // K/V, SDPA's copies of them, and 2 GiB for q, out, split partials,
+          // the float32 reference of one sequence and torch's workspaces.
+          const bool torch_copies = config.torch_bhsd && !config.backends.empty();
+          const double needed = c.kv_bytes() * (torch_copies ? 2 : 1) + double(size_t(2) << 30);
+          std::string case_skip;
+          if (needed > double(free_bytes)) {
+            char text[200];
+            std::snprintf(text, sizeof text, "skipped: needs about %.1f GiB of device memory, %.1f GiB free",
+                          needed / double(1 << 30), free_bytes / double(1 << 30));
+            case_skip = text;
+            std::printf("%s: %s\n", c.name().c_str(), text);
+          }
+          for (const auto& implementation : implementations) {
+            bool paged = false;
+            decode_kernel_of(implementation, &paged);
+            std::string skip = case_skip;
+            if (skip.empty() && paged && cache_len % config.page_size != 0) {
+              skip = "skipped: cache length " + std::to_string(cache_len) + " is not a multiple of --page-size " +
+                     std::to_string(config.page_size);
+              std::printf("%s/%s: %s\n", c.name().c_str(), implementation.c_str(), skip.c_str());
+            }
+            rows.push_back({c, implementation, skip});
+          }
+        }
+  std::fflush(stdout);
+  for (size_t index = 0; index < rows.size(); ++index) {
+    const Row row = rows[index];
+    const std::string progress = "[" + std::to_string(index + 1) + "/" + std::to_string(rows.size()) + "]";
+    benchmark::RegisterBenchmark((row.c.name() + "/" + row.implementation).c_str(),
+                                 [row, progress, &config](benchmark::State& state) {
+                                   run_decode_benchmark(state, row.c, row.implementation, config, row.skip_reason,
+                                                        progress);
+                                 })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Iterations(config.samples);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  print_decode_summary(config);
+  decode_current = {};  // device memory goes back before the CUDA context does
+  l2_flush = {};
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -495,6 +1087,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp properties{};
   FLASHLAB_CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
   benchmark::AddCustomContext("gpu", properties.name);
+  if (config.decode) return run_decode(config, properties);
   if (config.sweep) {
     benchmark::AddCustomContext("sweep", "tuning_kernels");
     check_tuning_kernels(config);

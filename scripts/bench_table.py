@@ -3,9 +3,21 @@
 summaries (the lines after 'matmul peak measured'), one file per dtype.
 
   scripts/bench_table.py --kernel fa3_wgmma_sm90 bf16=bench-bf16.log fp16=bench-fp16.log
+
+With --decode, the table of `flashlab-bench --decode` from its Google Benchmark
+JSON (--benchmark_out=decode.json --benchmark_out_format=json): one row per case
+(head_dim, query/kv heads, batch, cache length), the kernel on the contiguous and
+the paged cache against torch's FLASH and cuDNN backends, then the issue's
+targets, met or not, case by case:
+
+  scripts/bench_table.py --decode decode.json [--kernel fa2_mma_sm80]
 """
 import argparse
+import json
 import re
+import statistics
+import sys
+from collections import defaultdict
 
 ROW = re.compile(r"^(?:(\w+)/)?d(\d+)/s(\d+)/b\d+/h\d+/(\w+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+(\S+)\s+(\S+)")
 
@@ -20,12 +32,220 @@ def read(path):
     return rows
 
 
+# --- --decode -----------------------------------------------------------------
+# flashlab-bench --decode names its rows decode/d128/b8/h32/kv8/L16384/IMPL (Google
+# Benchmark appends /iterations:N/manual_time); IMPL is a kernel, KERNEL(pagedN) or sdpa_*.
+DECODE_NAME = re.compile(r"^decode/d(\d+)/b(\d+)/h(\d+)/kv(\d+)/L(\d+)/([^/]+)")
+
+# The issue's targets (issue 11).
+CUDNN_TARGET = 1.0          # kernel time <= cuDNN's on every case
+COPY_TARGET = 0.85          # >= 85% of the copy bandwidth ...
+COPY_TARGET_MIN_BATCH = 8   # ... at batch >= 8
+COPY_TARGET_MIN_LEN = 32768  # ... or cache length >= 32k
+FASTEST_BATCH, FASTEST_LEN, FASTEST_SLACK = 1, 8192, 1.10  # batch 1 at 8k: within 10% of the fastest backend
+
+
+def parse_decode_name(name):
+    """((head_dim, batch, heads, kv_heads, cache_len), implementation) or None."""
+    match = DECODE_NAME.match(name)
+    if not match:
+        return None
+    d, b, h, kv, length, implementation = match.groups()
+    return (int(d), int(b), int(h), int(kv), int(length)), implementation
+
+
+def load_decode(document):
+    """{case: {implementation: entry}} where entry has ms, gbps, fraction, splits or error;
+    repetitions of one row are reduced to their median, aggregates ignored."""
+    samples = defaultdict(list)
+    errors = {}
+    for entry in document.get("benchmarks", []):
+        if entry.get("run_type") == "aggregate":
+            continue
+        parsed = parse_decode_name(entry.get("run_name") or entry.get("name", ""))
+        if parsed is None:
+            continue
+        if entry.get("error_occurred"):
+            errors[parsed] = entry.get("error_message", "error")
+        elif "GBps" in entry and "median_ms" in entry:
+            samples[parsed].append(entry)
+    copy = float(document.get("context", {}).get("copy_GBps", 0) or 0)
+    cases = defaultdict(dict)
+    for (case, implementation), entries in samples.items():
+        ms = statistics.median(float(e["median_ms"]) for e in entries)
+        gbps = statistics.median(float(e["GBps"]) for e in entries)
+        splits = entries[0].get("splits")
+        cases[case][implementation] = {
+            "ms": ms, "gbps": gbps, "fraction": gbps / copy if copy > 0 else None,
+            "splits": int(splits) if splits is not None else None,
+            "kv_bytes": float(entries[0].get("kv_bytes", 0) or 0)}
+    for (case, implementation), message in errors.items():
+        cases[case].setdefault(implementation, {"error": message})
+    return cases, copy
+
+
+def decode_kernels(cases):
+    """The flashlab kernels in the file (implementations that are neither sdpa_* nor paged)."""
+    names = {impl.split("(paged")[0] for rows in cases.values() for impl in rows if not impl.startswith("sdpa_")}
+    return sorted(names)
+
+
+def paged_name(rows, kernel):
+    return next((impl for impl in sorted(rows) if impl.startswith(kernel + "(paged")), None)
+
+
+def ok(row):
+    return row is not None and "error" not in row
+
+
+def case_label(case):
+    d, b, h, kv, length = case
+    return f"b{b} h{h}/{kv} L{length}" + (f" d{d}" if d != 128 else "")
+
+
+def decode_table(cases, copy, kernel):
+    """Markdown lines: the table, then the targets."""
+    lines = []
+    paged_column = any(paged_name(rows, kernel) for rows in cases.values())
+    header = ["head_dim", "heads", "batch", "cache len", "K/V MB", f"{kernel} GB/s", "% copy", "splits"]
+    if paged_column:
+        header += ["paged GB/s", "% copy", "splits"]
+    header += ["FLASH GB/s", "cuDNN GB/s", "vs FLASH", "vs cuDNN"]
+    if paged_column:
+        header += ["paged vs cuDNN"]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + " --- |" * len(header))
+
+    def gbps_cells(row):
+        if row is None:
+            return ["-", "-", "-"]
+        if "error" in row:
+            return ["n/a", "-", "-"]
+        fraction = f"{100 * row['fraction']:.1f}%" if row["fraction"] is not None else "-"
+        splits = str(row["splits"]) if row.get("splits") is not None else "-"
+        return [f"{row['gbps']:.0f}", fraction, splits]
+
+    def ratio(reference, row):
+        return f"{reference['ms'] / row['ms']:.2f}x" if ok(reference) and ok(row) else "-"
+
+    notes = []
+    order = sorted(cases, key=lambda c: (c[0], c[2], c[3], c[1], c[4]))
+    for case in order:
+        rows = cases[case]
+        d, b, h, kv, length = case
+        contiguous, paged = rows.get(kernel), rows.get(paged_name(rows, kernel) or "")
+        flash, cudnn = rows.get("sdpa_flash"), rows.get("sdpa_cudnn")
+        # K and V bytes as the bench counted them (else those of a 2-byte dtype, bf16/fp16).
+        kv_bytes = next((r["kv_bytes"] for r in rows.values() if r.get("kv_bytes")), 2 * b * length * kv * d * 2)
+        cells = [str(d), f"{h}/{kv}", str(b), str(length), f"{kv_bytes / 1e6:.0f}"] + gbps_cells(contiguous)
+        if paged_column:
+            cells += gbps_cells(paged)
+        cells += [gbps_cells(flash)[0], gbps_cells(cudnn)[0], ratio(flash, contiguous), f"**{ratio(cudnn, contiguous)}**"]
+        if paged_column:
+            cells += [ratio(cudnn, paged)]
+        lines.append("| " + " | ".join(cells) + " |")
+        for impl, row in sorted(rows.items()):
+            if "error" in row:
+                notes.append(f"- {case_label(case)} {impl}: {row['error']}")
+    if notes:
+        lines += ["", "Rows without a time (n/a):"] + notes
+    lines += [""] + decode_targets(cases, kernel)
+    return lines
+
+
+def decode_targets(cases, kernel):
+    """The issue's three targets, each with the cases that miss it."""
+    lines = ["Targets:"]
+    for label, name_of in (("contiguous", lambda rows: kernel), ("paged", lambda rows: paged_name(rows, kernel))):
+        measured, misses = 0, []
+        for case in sorted(cases):
+            rows = cases[case]
+            row, cudnn = rows.get(name_of(rows) or ""), rows.get("sdpa_cudnn")
+            if not ok(row) or not ok(cudnn):
+                continue
+            measured += 1
+            if cudnn["ms"] / row["ms"] < CUDNN_TARGET:
+                misses.append(f"{case_label(case)} {cudnn['ms'] / row['ms']:.2f}x")
+        if measured:
+            lines.append(f"- >= {CUDNN_TARGET:.1f}x cuDNN on every case ({label}): "
+                         + ("met" if not misses else "**not met**")
+                         + f" ({measured - len(misses)} of {measured})" + (": " + ", ".join(misses) if misses else ""))
+        measured, misses = 0, []
+        for case in sorted(cases):
+            d, b, h, kv, length = case
+            row = cases[case].get(name_of(cases[case]) or "")
+            if not (b >= COPY_TARGET_MIN_BATCH or length >= COPY_TARGET_MIN_LEN) or not ok(row):
+                continue
+            if row["fraction"] is None:
+                continue
+            measured += 1
+            if row["fraction"] < COPY_TARGET:
+                misses.append(f"{case_label(case)} {100 * row['fraction']:.1f}%")
+        if measured:
+            lines.append(f"- >= {100 * COPY_TARGET:.0f}% of the copy bandwidth at batch >= {COPY_TARGET_MIN_BATCH} "
+                         f"or cache length >= {COPY_TARGET_MIN_LEN // 1024}k ({label}): "
+                         + ("met" if not misses else "**not met**")
+                         + f" ({measured - len(misses)} of {measured})" + (": " + ", ".join(misses) if misses else ""))
+        for case in sorted(cases):
+            d, b, h, kv, length = case
+            if b != FASTEST_BATCH or length != FASTEST_LEN:
+                continue
+            rows = cases[case]
+            row = rows.get(name_of(rows) or "")
+            backends = {impl: r for impl, r in rows.items() if impl.startswith("sdpa_") and ok(r)}
+            if not ok(row) or not backends:
+                continue
+            fastest = min(backends, key=lambda impl: backends[impl]["ms"])
+            slowdown = row["ms"] / backends[fastest]["ms"]
+            lines.append(f"- batch {FASTEST_BATCH} at {FASTEST_LEN // 1024}k within {100 * (FASTEST_SLACK - 1):.0f}% "
+                         f"of the fastest backend ({label}, {case_label(case)}): "
+                         + ("met" if slowdown <= FASTEST_SLACK else "**not met**")
+                         + f" ({1e3 * row['ms']:.1f} us against {fastest} {1e3 * backends[fastest]['ms']:.1f} us, "
+                         f"{slowdown:.2f}x its time)")
+    return lines
+
+
+def decode_main(path, kernel):
+    try:
+        with open(path) as file:
+            document = json.load(file)
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"bench_table: cannot read {path}: {error}", file=sys.stderr)
+        return 2
+    cases, copy = load_decode(document)
+    if not cases:
+        print(f"bench_table: no flashlab-bench --decode rows in {path}", file=sys.stderr)
+        return 1
+    kernels = decode_kernels(cases)
+    if kernel is None:
+        if len(kernels) != 1:
+            print(f"bench_table: name the kernel with --kernel (the file has: {', '.join(kernels) or 'none'})",
+                  file=sys.stderr)
+            return 2
+        kernel = kernels[0]
+    context = document.get("context", {})
+    gpu = context.get("gpu", "the GPU")
+    print(f"Copy bandwidth on {gpu} in the same run: {copy:.0f} GB/s ((read + write) / time); GB/s: K and V bytes "
+          f"read / median time; ratios: torch's time / the kernel's (> 1: the kernel is faster).")
+    print()
+    for line in decode_table(cases, copy, kernel):
+        print(line)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", required=True, help="the row the ratios belong to")
+    parser.add_argument("--kernel", help="the row the ratios belong to (required without --decode)")
     parser.add_argument("--other", default="fa2_mma_sm80", help="a second kernel whose TFLOP/s is listed")
-    parser.add_argument("logs", nargs="+", help="DTYPE=PATH")
+    parser.add_argument("--decode", metavar="JSON", help="flashlab-bench --decode's Google Benchmark JSON")
+    parser.add_argument("logs", nargs="*", help="DTYPE=PATH")
     args = parser.parse_args()
+    if args.decode:
+        if args.logs:
+            parser.error("--decode reads one JSON file; give no DTYPE=PATH logs with it")
+        return decode_main(args.decode, args.kernel)
+    if not args.kernel or not args.logs:
+        parser.error("the forward/backward table needs --kernel and at least one DTYPE=PATH")
     print(f"| dtype | dir | head_dim | seqlen | mask | {args.kernel} TFLOP/s | % matmul peak | vs FLASH | vs cuDNN | cuDNN TFLOP/s | {args.other} TFLOP/s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for spec in args.logs:
@@ -40,4 +260,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""CPU test of scripts/bench_table.py and scripts/plot_bench.py on synthetic
+flashlab-bench output: the --decode table (rows, ratios, % of copy, the issue's
+targets, rows without a time), the decode plot (when matplotlib is there), and
+that the forward table still reads a text summary. Run by CTest (label cpu) or
+directly: python3 tests/scripts/test_bench_scripts.py
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "scripts")
+sys.path.insert(0, SCRIPTS)
+import bench_table  # noqa: E402
+
+COPY_GBPS = 3000.0
+KERNEL = "fa2_mma_sm80"
+PAGED = KERNEL + "(paged256)"
+
+
+def kv_bytes(batch, length, kv_heads=8, head_dim=128):
+    return 2.0 * batch * length * kv_heads * head_dim * 2
+
+
+def entry(batch, heads, length, implementation, gbps=None, error=None, splits=None):
+    """One Google Benchmark entry as flashlab-bench --decode writes it."""
+    name = f"decode/d128/b{batch}/h{heads}/kv8/L{length}/{implementation}/iterations:100/manual_time"
+    result = {"name": name, "run_name": name, "run_type": "iteration", "repetitions": 1, "iterations": 100,
+              "time_unit": "us"}
+    if error is not None:
+        result.update({"error_occurred": True, "error_message": error})
+        return result
+    seconds = kv_bytes(batch, length) / (gbps * 1e9)
+    result.update({"real_time": seconds * 1e6, "median_ms": seconds * 1e3, "GBps": gbps,
+                   "copy_fraction": gbps / COPY_GBPS, "kv_bytes": kv_bytes(batch, length), "max_abs_err": 1e-4})
+    if splits is not None:
+        result["splits"] = splits
+    return result
+
+
+def decode_document():
+    """heads 32/8, batches 1 and 8, cache lengths 8k and 32k. The kernel: 2800 GB/s (93%) except
+    batch 1 at 8k (1500 GB/s, slower than FLASH and cuDNN there); cuDNN 2500 GB/s, FLASH 2000;
+    the paged rows 2600 (87%) except batch 8 at 8k, where cuDNN refused the case."""
+    benchmarks = []
+    for batch in (1, 8):
+        for length in (8192, 32768):
+            slow = batch == 1 and length == 8192
+            benchmarks.append(entry(batch, 32, length, KERNEL, 1500.0 if slow else 2800.0, splits=4 if slow else 2))
+            benchmarks.append(entry(batch, 32, length, "sdpa_flash", 2000.0))
+            if batch == 8 and length == 8192:
+                benchmarks.append(entry(batch, 32, length, "sdpa_cudnn",
+                                        error="unavailable: No available kernel. Aborting execution. (reason)"))
+            else:
+                benchmarks.append(entry(batch, 32, length, "sdpa_cudnn", 2500.0))
+            benchmarks.append(entry(batch, 32, length, PAGED, 1400.0 if slow else 2600.0, splits=4))
+    return {"context": {"gpu": "Synthetic GPU", "mode": "decode", "copy_GBps": str(COPY_GBPS),
+                        "torch_version": "2.x", "l2_flush": "on", "torch_layout": "bhsd"},
+            "benchmarks": benchmarks}
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+class DecodeTable(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.directory = tempfile.TemporaryDirectory()
+        cls.json_path = os.path.join(cls.directory.name, "decode.json")
+        with open(cls.json_path, "w") as file:
+            json.dump(decode_document(), file)
+        cls.result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--decode", cls.json_path)
+        cls.lines = cls.result.stdout.splitlines()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.directory.cleanup()
+
+    def row(self, batch, length):
+        for line in self.lines:
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if len(cells) > 4 and cells[1] == "32/8" and cells[2] == str(batch) and cells[3] == str(length):
+                return cells
+        self.fail(f"no row for batch {batch}, cache length {length} in:\n{self.result.stdout}")
+
+    def test_parses_names(self):
+        self.assertEqual(bench_table.parse_decode_name(
+            "decode/d128/b8/h64/kv8/L131072/fa2_mma_sm80(paged256)/iterations:100/manual_time"),
+            ((128, 8, 64, 8, 131072), "fa2_mma_sm80(paged256)"))
+        self.assertIsNone(bench_table.parse_decode_name("d128/s4096/b8/h16/full/fa2_mma_sm80/min_time:0.300"))
+
+    def test_one_row_per_case(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+        table = [line for line in self.lines if line.startswith("| 128 ")]
+        self.assertEqual(len(table), 4, self.result.stdout)
+        self.assertIn("3000 GB/s", self.result.stdout)
+
+    def test_cells(self):
+        # head_dim, heads, batch, len, K/V MB, GB/s, % copy, splits, paged GB/s, % copy, splits,
+        # FLASH GB/s, cuDNN GB/s, vs FLASH, vs cuDNN, paged vs cuDNN
+        cells = self.row(8, 32768)
+        self.assertEqual(cells[4], f"{kv_bytes(8, 32768) / 1e6:.0f}")
+        self.assertEqual(cells[5:8], ["2800", "93.3%", "2"])
+        self.assertEqual(cells[8:11], ["2600", "86.7%", "4"])
+        self.assertEqual(cells[11:13], ["2000", "2500"])
+        self.assertEqual(cells[13], "1.40x")
+        self.assertEqual(cells[14], "**1.12x**")
+        self.assertEqual(cells[15], "1.04x")
+
+    def test_a_refused_backend_is_na_and_explained(self):
+        cells = self.row(8, 8192)
+        self.assertEqual(cells[12], "n/a")
+        self.assertEqual(cells[14], "**-**")
+        self.assertIn("- b8 h32/8 L8192 sdpa_cudnn: unavailable: No available kernel", self.result.stdout)
+
+    def test_targets(self):
+        text = self.result.stdout
+        # cuDNN: batch 1 at 8k is 1500 against 2500 GB/s (0.60x); batch 8 at 8k has no cuDNN time.
+        self.assertIn("- >= 1.0x cuDNN on every case (contiguous): **not met** (2 of 3): b1 h32/8 L8192 0.60x", text)
+        # 85% of copy: batch >= 8 or L >= 32k: three cases, all at 93%; paged: 87%.
+        self.assertIn("- >= 85% of the copy bandwidth at batch >= 8 or cache length >= 32k (contiguous): met (3 of 3)",
+                      text)
+        self.assertIn("(paged): met (3 of 3)", text)
+        # Batch 1 at 8k: 1500 GB/s against cuDNN's 2500: 1.67x cuDNN's time.
+        self.assertIn("of the fastest backend (contiguous, b1 h32/8 L8192): **not met**", text)
+        self.assertIn("against sdpa_cudnn", text)
+        self.assertIn("1.67x its time", text)
+
+    def test_kernel_must_be_named_when_ambiguous(self):
+        document = decode_document()
+        document["benchmarks"].append(entry(1, 32, 8192, "other_kernel", 100.0, splits=1))
+        path = os.path.join(self.directory.name, "two.json")
+        with open(path, "w") as file:
+            json.dump(document, file)
+        result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--decode", path)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("name the kernel with --kernel", result.stderr)
+        result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--decode", path, "--kernel", KERNEL)
+        self.assertEqual(result.returncode, 0, result.stderr)
+
+
+class ForwardTable(unittest.TestCase):
+    def test_reads_a_text_summary(self):
+        summary = (
+            "bf16 matmul peak measured in this run: 772.8 TFLOP/s (8192^3, median of 10)\n"
+            "case                                         implementation    median ms   TFLOP/s  % peak  vs flash  vs cudnn\n"
+            "d128/s4096/b8/h16/full                       fa3_wgmma_sm90        0.505     543.9   71.1%     1.64x     0.94x\n"
+            "d128/s4096/b8/h16/full                       sdpa_cudnn            0.473     580.8   75.2%     1.74x     1.00x\n")
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as file:
+            file.write(summary)
+        try:
+            result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--kernel", "fa3_wgmma_sm90",
+                                f"bf16={file.name}")
+        finally:
+            os.unlink(file.name)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("| bf16 | fwd | 128 | 4096 | full | 543.9 | 71.1% | 1.64x | **0.94x** | 580.8 | - |", result.stdout)
+
+
+def has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(has_matplotlib(), "matplotlib is not installed")
+class Plots(unittest.TestCase):
+    def test_decode_plot(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path, png = os.path.join(directory, "decode.json"), os.path.join(directory, "decode.png")
+            with open(path, "w") as file:
+                json.dump(decode_document(), file)
+            result = run_script(os.path.join(SCRIPTS, "plot_bench.py"), path, "-o", png)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(png, "rb") as image:
+                self.assertEqual(image.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_forward_plot_still_works(self):
+        name = "d64/s1024/b32/h32/full/fa2_mma_sm80/min_time:0.300/manual_time"
+        document = {"context": {"gpu": "Synthetic GPU", "matmul_peak_tflops": "700"},
+                    "benchmarks": [{"name": name, "run_name": name, "run_type": "iteration", "TFLOPS": 300.0}]}
+        with tempfile.TemporaryDirectory() as directory:
+            path, png = os.path.join(directory, "bench.json"), os.path.join(directory, "bench.png")
+            with open(path, "w") as file:
+                json.dump(document, file)
+            result = run_script(os.path.join(SCRIPTS, "plot_bench.py"), path, "-o", png)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertTrue(os.path.getsize(png) > 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

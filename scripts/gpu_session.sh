@@ -2,7 +2,8 @@
 # One call on a GPU machine: set-up, configure + build (release), the test
 # suite, the acceptance run and a benchmark, with logs under $OUT (or ./gpu-logs).
 # Usage: scripts/gpu_session.sh [step...]
-#   steps: build test run info trace memory sanitizer debug ncu bench sweep (default: all but ncu)
+#   steps: build test run info trace memory sanitizer debug ncu bench sweep decode
+#   (default: all but ncu and decode)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -129,5 +130,14 @@ if has sweep; then
   build/release/flashlab-bench --sweep --head-dims=64,128 --seqlens=4096 \
     --benchmark_out="$out/sweep.json" --benchmark_out_format=json > "$out/sweep.log" 2>&1 || status=1
   sed -n '/matmul peak measured/,$p' "$out/sweep.log"
+fi
+if has decode; then
+  # Not in the default steps: the KV-cache decoding benchmark (issue 11), DECODE_ARGS passed on
+  # (say --cache-lens=8192,131072 --batches=1,32); its table and targets from the JSON.
+  section "flashlab-bench --decode (KV-cache decoding: GB/s of K/V against the copy bandwidth)"
+  build/release/flashlab-bench --decode ${DECODE_ARGS:-} \
+    --benchmark_out="$out/decode.json" --benchmark_out_format=json > "$out/decode.log" 2>&1 || status=1
+  sed -n '/^copy bandwidth:/p; /copy bandwidth measured in this run/,$p' "$out/decode.log"
+  python3 scripts/bench_table.py --decode "$out/decode.json" || status=1
 fi
 exit $status

@@ -104,6 +104,13 @@ struct KernelVariant {
   // what was given and what the kernel accepts. Must not touch the device. The
   // device's compute capability is checked apart (architectures).
   std::string (*unsupported_reason)(const AttentionParams& params) = nullptr;
+  // The head dim the kernel runs a problem of `head_dim` at: the smallest head
+  // dim >= head_dim it has code for, 0 when it has none that large. The public
+  // entries (attention_forward, attention_backward and their varlen and _into
+  // forms) zero-pad q, k, v (and dout, out) to it and slice the result;
+  // run_kernel and run_backward_kernel never pad. nullptr: the kernel runs
+  // every head dim its unsupported_reason accepts as it is.
+  int (*padded_head_dim)(int head_dim) = nullptr;
   TileShape (*tile_shape)(const AttentionParams& params) = nullptr;
   // Bytes of device workspace a launch needs (dq accumulators, split-KV
   // partials, scheduler semaphores); nullptr: none. The op library allocates it
@@ -154,6 +161,10 @@ const std::vector<KernelVariant>& registered_kernels();
 // nullptr when no registered kernel has that name.
 const KernelVariant* find_kernel(std::string_view name);
 std::string registered_kernel_names();  // "fa2_mma_sm80, fa1_scalar"
+
+// The head dim `kernel` runs head_dim at: its padded_head_dim hook's answer
+// (0: none), or head_dim itself when it has no hook.
+int padded_head_dim(const KernelVariant& kernel, int head_dim);
 
 // "9.0" for 90.
 std::string compute_capability_text(int compute_capability);

@@ -35,6 +35,10 @@ std::string registered_kernel_names() {
   return names;
 }
 
+int padded_head_dim(const KernelVariant& kernel, int head_dim) {
+  return kernel.padded_head_dim != nullptr ? kernel.padded_head_dim(head_dim) : head_dim;
+}
+
 std::string compute_capability_text(int compute_capability) {
   return std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10);
 }

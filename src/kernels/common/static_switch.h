@@ -30,6 +30,15 @@ struct HeadDimList {
     return joined;
   }
 
+  // The smallest entry >= value, 0 when every entry is smaller: the head dim
+  // a kernel with this list runs `value` at when the op layer zero-pads
+  // (KernelVariant::padded_head_dim).
+  static constexpr int round_up(int value) {
+    int found = 0;
+    ((found = (Values >= value && (found == 0 || Values < found)) ? Values : found), ...);
+    return found;
+  }
+
   // Calls body(std::integral_constant<int, V>{}) for the entry V equal to
   // value; false when there is none.
   template <class Body>

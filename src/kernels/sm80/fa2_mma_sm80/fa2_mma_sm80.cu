@@ -303,6 +303,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.supports_tile_trace = true;  // the traced instantiation (fa2_mma_sm80_kernel.cuh)
   variant.key_tiles_descending = false;
   variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;
+  variant.padded_head_dim = HeadDims::round_up;  // e.g. 40 runs at 64
   variant.tile_shape = tile_shape;
   variant.launch = launch;
   variant.backward_unsupported_reason = fa2_mma_sm80::backward_unsupported_reason;

@@ -189,6 +189,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.supports_tile_trace = true;
   variant.key_tiles_descending = true;
   variant.unsupported_reason = fa3_wgmma_sm90::unsupported_reason;
+  variant.padded_head_dim = HeadDims::round_up;  // e.g. 40 runs at 64
   variant.tile_shape = tile_shape;
   variant.launch = launch;
   variant.locate = fa3_wgmma_sm90::locate;

@@ -1,5 +1,25 @@
 // The torch-facing entry points. Tensors are (batch, seqlen, heads, head_dim),
 // like flash_attn_func; every input is validated before anything is launched.
+//
+// Any head_dim up to 256 (fp16/bf16; float32 up to 128, fa1_scalar's), as in
+// flash-attn: a kernel has code for some head dims (KernelVariant::
+// padded_head_dim; fa3_wgmma_sm90 64/128/256, fa2_mma_sm80 32/64/96/128/256,
+// fa1_scalar any up to 128), and the public entries below zero-pad q, k, v
+// (backward: dout and out too) on the last dimension to the next head dim the
+// chosen kernel has, run it, and return out (dq, dk, dv) sliced back to
+// head_dim. The softmax scale stays 1/sqrt(head_dim) of the head_dim given
+// (an explicit softmax_scale is used as is); the LSE is unchanged. Zero
+// columns add nothing to Q K^T, give zero output columns and zero gradient
+// columns, and leave D = rowsum(dout * out) as it was, so the result is the
+// unpadded attention's. "auto" takes the first registered kernel (fastest
+// first: fa3_wgmma_sm90, fa2_mma_sm80, fa1_scalar) that can run the problem on
+// the device at the head dim it would pad it to: head_dim 40 in fp16 runs
+// fa3_wgmma_sm90 at 64 on an H100 and fa2_mma_sm80 at 64 on an A100, not
+// fa1_scalar at 40. A named kernel pads to its own head dims. A head_dim no
+// kernel reaches (above 256; float32 above 128) is an error naming the head
+// dims each kernel takes. The lower-level entries (run_kernel,
+// run_backward_kernel, make_params, the parameter-block selections) never pad:
+// they run a kernel at its own head dims, as the harness and flashlab-run do.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +40,10 @@ struct AttentionOptions {
 };
 
 struct AttentionOutput {
-  at::Tensor out;  // (batch, seqlen_q, heads, head_dim), input dtype
+  // (batch, seqlen_q, heads, head_dim), input dtype. When the kernel ran a
+  // padded head dim, a view of the first head_dim columns of its padded output
+  // (last dimension contiguous, rows padded_head_dim apart), like flash-attn's.
+  at::Tensor out;
   at::Tensor lse;  // (batch, heads, seqlen_q), float32
 };
 
@@ -32,11 +55,23 @@ void attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::
                             const at::Tensor& out, const at::Tensor& lse,
                             const AttentionOptions& options = {});
 
+// Whether a kernel may run a problem at a larger head dim than it has
+// (padded_head_dim): the public entries allow it, the lower-level ones not.
+enum class HeadDimPadding { none, allowed };
+
 // The kernel that would run this problem: options.kernel when it is a known name
 // that supports the problem, else (for "auto") the first registered kernel that
-// does. Throws c10::Error with the reason otherwise.
+// does; with padding allowed (attention_forward's choice), each kernel is asked
+// at padded_head_dim(kernel, head_dim). Throws c10::Error with the reason otherwise.
 const KernelVariant& select_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const AttentionOptions& options);
+                                   const AttentionOptions& options,
+                                   HeadDimPadding padding = HeadDimPadding::allowed);
+
+// The same for a parameter block as it is (no validation, no device access:
+// params.device_compute_capability is the device's); kernel_name a registered
+// name or "auto". Padding none: what run_kernel can take.
+const KernelVariant& select_kernel(const AttentionParams& params, const std::string& kernel_name,
+                                   HeadDimPadding padding = HeadDimPadding::none);
 
 // The lower-level entry: runs `kernel` on a parameter block from make_params /
 // make_varlen_params, which the caller may extend (a tile trace, say). Checks
@@ -75,7 +110,8 @@ void attention_varlen_forward_into(const at::Tensor& q, const at::Tensor& k, con
 const KernelVariant& select_varlen_kernel(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                                           const at::Tensor& cu_seqlens_k, int max_seqlen_q,
-                                          int max_seqlen_k, const AttentionOptions& options);
+                                          int max_seqlen_k, const AttentionOptions& options,
+                                          HeadDimPadding padding = HeadDimPadding::allowed);
 
 // make_params for a variable-length batch: batch strides 0, seqlens the maxima,
 // lse laid out as (heads, total_q). No launch, no device access.
@@ -91,7 +127,9 @@ AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, con
 // each kv head's query heads. The kernel's workspace (the float32 dq
 // accumulator, rowsum(dout * out)) comes from its backward_workspace_bytes and
 // torch's caching allocator. options.kernel "auto": the first registered kernel
-// with a backward that takes the problem.
+// with a backward that takes the problem, at the head dim it pads it to (see
+// the top of this file; dq, dk, dv then are views of the padded gradients'
+// first head_dim columns, the _into forms copy them into the caller's).
 struct BackwardOptions : AttentionOptions {
   // dq, dk, dv bitwise equal run to run (no float atomics in a run-dependent order).
   bool deterministic = false;
@@ -131,9 +169,12 @@ void attention_varlen_backward_into(const at::Tensor& dout, const at::Tensor& q,
 
 // The kernel whose backward would run this problem (options.kernel, or "auto":
 // the first registered kernel with a backward that takes it). Throws c10::Error
-// with the reason otherwise.
+// with the reason otherwise. Padding none (the default): the block as it is,
+// what run_backward_kernel can take; allowed: attention_backward's choice, each
+// kernel asked at padded_head_dim(kernel, params.head_dim).
 const KernelVariant& select_backward_kernel(const AttentionBackwardParams& params,
-                                            const std::string& kernel_name);
+                                            const std::string& kernel_name,
+                                            HeadDimPadding padding = HeadDimPadding::none);
 
 // The parameter blocks (no launch, no device access). dq/dk/dv may be undefined
 // (no gradient pointers: enough to ask a kernel whether it takes the problem).

@@ -210,11 +210,12 @@ const KernelVariant& resolve_kernel(const ProblemSpec& spec, const ProblemInputs
                   ": ", reason);
       return *dev;
     }
+  // The kernel as it is, at its own head dims (no padding: run_forward calls run_kernel).
   return spec.is_varlen()
              ? select_varlen_kernel(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
                                     inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
-                                    options)
-             : select_kernel(inputs.q, inputs.k, inputs.v, options);
+                                    options, HeadDimPadding::none)
+             : select_kernel(inputs.q, inputs.k, inputs.v, options, HeadDimPadding::none);
 }
 
 AttentionParams forward_params(const ProblemSpec& spec, const ProblemInputs& inputs,

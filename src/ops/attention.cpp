@@ -8,6 +8,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "validation.h"
 
@@ -60,28 +63,67 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
 
 namespace {
 
-// The kernel for an already validated parameter block (see select_kernel).
-const KernelVariant& select_kernel_for(const AttentionParams& params,
-                                       const AttentionOptions& options) {
-  if (options.kernel == "auto") {
+// The head dim `kernel` runs params at under `padding`; 0: none.
+int run_head_dim(const KernelVariant& kernel, const AttentionParams& params, HeadDimPadding padding) {
+  return padding == HeadDimPadding::allowed ? padded_head_dim(kernel, params.head_dim)
+                                            : params.head_dim;
+}
+
+// " (attention_forward would zero-pad head_dim 96 to 128 for fa3_wgmma_sm90; ...)"
+// when padding is off and the kernel would pad; else empty.
+std::string unpadded_note(const KernelVariant& kernel, int head_dim, HeadDimPadding padding) {
+  const int padded = padded_head_dim(kernel, head_dim);
+  if (padding == HeadDimPadding::allowed || padded == head_dim || padded <= 0) return {};
+  return " (attention_forward would zero-pad head_dim " + std::to_string(head_dim) + " to " +
+         std::to_string(padded) + " for " + kernel.name +
+         "; run_kernel and the harness run a kernel at its own head dims)";
+}
+
+}  // namespace
+
+const KernelVariant& select_kernel(const AttentionParams& params, const std::string& kernel_name,
+                                   HeadDimPadding padding) {
+  const auto reason_for = [&](const KernelVariant& kernel) {
+    return padding == HeadDimPadding::allowed
+               ? detail::padded_cannot_run_reason(kernel, params, cannot_run_reason)
+               : cannot_run_reason(kernel, params);
+  };
+  // Said once after the reasons when a kernel's head dims ran out.
+  const auto note = [&](const KernelVariant& kernel) {
+    return padding == HeadDimPadding::allowed && run_head_dim(kernel, params, padding) <= 0;
+  };
+  if (kernel_name == "auto") {
     std::string reasons;
+    bool head_dims_ran_out = false;
     for (const auto& kernel : registered_kernels()) {
-      const std::string reason = cannot_run_reason(kernel, params);
+      const std::string reason = reason_for(kernel);
       if (reason.empty()) return kernel;
       reasons += "\n  " + reason;
+      head_dims_ran_out = head_dims_ran_out || note(kernel);
     }
-    TORCH_CHECK(false, "no registered kernel can run ", describe_problem(params), ":", reasons);
+    TORCH_CHECK(false, "no registered kernel can run ", describe_problem(params), ":", reasons,
+                head_dims_ran_out ? detail::kPaddingNote : "");
   }
-  const KernelVariant* kernel = find_kernel(options.kernel);
-  TORCH_CHECK(kernel != nullptr, "unknown kernel '", options.kernel,
+  const KernelVariant* kernel = find_kernel(kernel_name);
+  TORCH_CHECK(kernel != nullptr, "unknown kernel '", kernel_name,
               "'; registered kernels: ", registered_kernel_names(), " (or auto)");
-  const std::string reason = kernel->unsupported_reason(params);
+  // The problem first, then the device (cannot_run_reason's order).
+  const auto problem_reason = [](const KernelVariant& named, const AttentionParams& problem) {
+    return named.unsupported_reason(problem);
+  };
+  const std::string reason =
+      padding == HeadDimPadding::allowed
+          ? detail::padded_cannot_run_reason(*kernel, params, problem_reason)
+          : problem_reason(*kernel, params);
   TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run ", describe_problem(params),
-              ": ", reason);
-  const std::string device_reason = cannot_run_reason(*kernel, params);
+              ": ", reason, note(*kernel) ? detail::kPaddingNote : "",
+              unpadded_note(*kernel, params.head_dim, padding));
+  const std::string device_reason = reason_for(*kernel);
   TORCH_CHECK(device_reason.empty(), device_reason);
   return *kernel;
 }
+
+namespace {
 
 // run_kernel once the kernel is known to take params.
 void launch_checked(const KernelVariant& kernel, AttentionParams params) {
@@ -97,6 +139,41 @@ void launch_checked(const KernelVariant& kernel, AttentionParams params) {
   kernel.launch(params);
 }
 
+// The parameter block for (q, k, v, out, options) of one entry (lse and the
+// varlen lengths are the entry's own).
+using MakeForwardParams =
+    std::function<AttentionParams(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& out, const AttentionOptions& options)>;
+
+// Runs `kernel` (selected for q, k, v with padding allowed) on the current
+// stream, writing lse and `out`, or, when out is undefined, a new output that
+// it returns. A kernel that runs head_dim padded (padded_head_dim) gets
+// zero-padded copies of q, k, v and the unpadded softmax scale; its padded
+// output's first head_dim columns are the result, returned as a view or
+// copied into the caller's out.
+at::Tensor run_forward(const KernelVariant& kernel, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, at::Tensor out, const AttentionOptions& options,
+                       const MakeForwardParams& make) {
+  const int64_t head_dim = q.size(-1);
+  const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));
+  TORCH_CHECK(padded >= head_dim, kernel.name, " has no head_dim of ", head_dim, " or more");
+  if (padded == head_dim) {
+    if (!out.defined()) out = at::empty(q.sizes(), q.options());
+    launch_checked(kernel, make(q, k, v, out, options));
+    return out;
+  }
+  const auto pad = [&](const at::Tensor& tensor) { return detail::pad_head_dim(tensor, padded); };
+  std::vector<int64_t> padded_sizes = q.sizes().vec();
+  padded_sizes.back() = padded;
+  const at::Tensor padded_out = at::empty(padded_sizes, q.options());
+  launch_checked(kernel, make(pad(q), pad(k), pad(v), padded_out,
+                              detail::keep_softmax_scale(options, head_dim)));
+  const at::Tensor result = padded_out.narrow(-1, 0, head_dim);
+  if (!out.defined()) return result;
+  out.copy_(result);
+  return out;
+}
+
 }  // namespace
 
 void run_kernel(const KernelVariant& kernel, const AttentionParams& params) {
@@ -107,20 +184,41 @@ void run_kernel(const KernelVariant& kernel, const AttentionParams& params) {
 }
 
 const KernelVariant& select_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                   const AttentionOptions& options) {
+                                   const AttentionOptions& options, HeadDimPadding padding) {
   check_structure(q, k, v, options);
   check_same_device(q, k, v);
-  return select_kernel_for(make_params(q, k, v, at::Tensor(), at::Tensor(), options), options);
+  return select_kernel(make_params(q, k, v, at::Tensor(), at::Tensor(), options), options.kernel,
+                       padding);
 }
+
+namespace {
+
+// attention_forward (into false: out and lse allocated here) and
+// attention_forward_into.
+AttentionOutput forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const at::Tensor& out, at::Tensor lse, const AttentionOptions& options,
+                        bool into) {
+  const KernelVariant& kernel = select_kernel(q, k, v, options);
+  const std::vector<int64_t> lse_shape = {q.size(0), q.size(2), q.size(1)};
+  if (into)
+    check_output_buffers(q, out, lse, lse_shape, "(batch, heads, seqlen_q)");
+  else
+    lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const auto make = [&](const at::Tensor& q_run, const at::Tensor& k_run, const at::Tensor& v_run,
+                        const at::Tensor& out_run, const AttentionOptions& options_run) {
+    return make_params(q_run, k_run, v_run, out_run, lse, options_run);
+  };
+  return {run_forward(kernel, q, k, v, out, options, make), lse};
+}
+
+}  // namespace
 
 void attention_forward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& out, const at::Tensor& lse,
                             const AttentionOptions& options) {
-  const KernelVariant& kernel = select_kernel(q, k, v, options);
-  check_output_buffers(q, out, lse, {q.size(0), q.size(2), q.size(1)}, "(batch, heads, seqlen_q)");
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  launch_checked(kernel, make_params(q, k, v, out, lse, options));
+  forward(q, k, v, out, lse, options, /*into=*/true);
 }
 
 AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -153,48 +251,60 @@ AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, con
 const KernelVariant& select_varlen_kernel(const at::Tensor& q, const at::Tensor& k,
                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                                           const at::Tensor& cu_seqlens_k, int max_seqlen_q,
-                                          int max_seqlen_k, const AttentionOptions& options) {
+                                          int max_seqlen_k, const AttentionOptions& options,
+                                          HeadDimPadding padding) {
   check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options);
-  return select_kernel_for(make_varlen_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                              max_seqlen_k, at::Tensor(), at::Tensor(), options),
-                           options);
+  return select_kernel(make_varlen_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                          max_seqlen_k, at::Tensor(), at::Tensor(), options),
+                       options.kernel, padding);
 }
+
+namespace {
+
+// attention_varlen_forward (into false) and its _into form.
+AttentionOutput varlen_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                               int max_seqlen_q, int max_seqlen_k, const at::Tensor& out,
+                               at::Tensor lse, const AttentionOptions& options, bool into) {
+  const KernelVariant& kernel = select_varlen_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                                     max_seqlen_q, max_seqlen_k, options);
+  const std::vector<int64_t> lse_shape = {q.size(1), q.size(0)};
+  if (into)
+    check_output_buffers(q, out, lse, lse_shape, "(heads, total_q)");
+  else
+    lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
+  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  // max_seqlen_q 0 (every sequence empty) launches nothing.
+  const auto make = [&](const at::Tensor& q_run, const at::Tensor& k_run, const at::Tensor& v_run,
+                        const at::Tensor& out_run, const AttentionOptions& options_run) {
+    return make_varlen_params(q_run, k_run, v_run, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, out_run, lse, options_run);
+  };
+  return {run_forward(kernel, q, k, v, out, options, make), lse};
+}
+
+}  // namespace
 
 void attention_varlen_forward_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                                    int max_seqlen_q, int max_seqlen_k, const at::Tensor& out,
                                    const at::Tensor& lse, const AttentionOptions& options) {
-  const KernelVariant& kernel = select_varlen_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                                     max_seqlen_q, max_seqlen_k, options);
-  check_output_buffers(q, out, lse, {q.size(1), q.size(0)}, "(heads, total_q)");
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  // max_seqlen_q 0 (every sequence empty) launches nothing.
-  launch_checked(kernel, make_varlen_params(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                            max_seqlen_k, out, lse, options));
+  varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, lse,
+                 options, /*into=*/true);
 }
 
 AttentionOutput attention_varlen_forward(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                                          const at::Tensor& cu_seqlens_k, int max_seqlen_q,
                                          int max_seqlen_k, const AttentionOptions& options) {
-  check_varlen_structure(q, k, v, options);
-  AttentionOutput result;
-  result.out = at::empty(q.sizes(), q.options());
-  result.lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-  attention_varlen_forward_into(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                result.out, result.lse, options);
-  return result;
+  return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        at::Tensor(), at::Tensor(), options, /*into=*/false);
 }
 
 AttentionOutput attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const AttentionOptions& options) {
-  check_structure(q, k, v, options);
-  AttentionOutput result;
-  result.out = at::empty(q.sizes(), q.options());
-  result.lse = at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
-  attention_forward_into(q, k, v, result.out, result.lse, options);
-  return result;
+  return forward(q, k, v, at::Tensor(), at::Tensor(), options, /*into=*/false);
 }
 
 }  // namespace flashlab

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -111,16 +112,76 @@ void launch_backward_checked(const KernelVariant& kernel, AttentionBackwardParam
   kernel.backward_launch(params);
 }
 
-// The tensors' checks shared by both entry points, after the inputs' own:
+// The tensors' checks shared by every entry point, after the inputs' own:
 // out and lse as the forward returned them (lse_shape, named lse_layout),
-// dout, and dq, dk, dv when given.
+// dout, and with `into` the caller's dq, dk, dv.
 void check_backward_buffers(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                            const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
+                            const AttentionGradients& gradients, bool into,
                             const std::vector<int64_t>& lse_shape, const char* lse_layout) {
   detail::check_output_buffers(q, out, lse, lse_shape, lse_layout);
   check_dout(q, dout);
-  check_gradients(q, k, v, dq, dk, dv);
+  if (into) check_gradients(q, k, v, gradients.dq, gradients.dk, gradients.dv);
+}
+
+// The backward parameter block for (dout, q, k, v, out, dq, dk, dv, options)
+// of one entry (lse and the varlen lengths are the entry's own).
+using MakeBackwardParams = std::function<AttentionBackwardParams(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const AttentionGradients& gradients, const BackwardOptions& options)>;
+
+std::vector<int64_t> sizes_at_head_dim(const at::Tensor& tensor, int64_t head_dim) {
+  std::vector<int64_t> sizes = tensor.sizes().vec();
+  sizes.back() = head_dim;
+  return sizes;
+}
+
+// Every public backward entry once the inputs (q, k, v, the options, the
+// lengths) are validated: checks the other tensors, selects the kernel with
+// padding allowed, and runs it on the current stream writing the caller's
+// gradients (into) or new ones, which it returns. A kernel that runs head_dim
+// padded (padded_head_dim) gets zero-padded copies of dout, q, k, v and out,
+// the unpadded softmax scale and padded gradients, whose first head_dim
+// columns are the result: returned as views or copied into the caller's.
+AttentionGradients backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                            AttentionGradients gradients, bool into, const BackwardOptions& options,
+                            const std::vector<int64_t>& lse_shape, const char* lse_layout,
+                            const MakeBackwardParams& make) {
+  check_backward_buffers(dout, q, k, v, out, lse, gradients, into, lse_shape, lse_layout);
+  const AttentionBackwardParams params = make(dout, q, k, v, out, gradients, options);
+  const KernelVariant& kernel =
+      select_backward_kernel(params, options.kernel, HeadDimPadding::allowed);
+  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
+  const c10::cuda::CUDAGuard device_guard(q.device());
+  const int64_t head_dim = q.size(-1);
+  const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));
+  TORCH_CHECK(padded >= head_dim, kernel.name, " has no head_dim of ", head_dim, " or more");
+  if (padded == head_dim) {
+    if (into) {
+      launch_backward_checked(kernel, params);
+      return gradients;
+    }
+    gradients = {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()),
+                 at::empty(v.sizes(), v.options())};
+    launch_backward_checked(kernel, make(dout, q, k, v, out, gradients, options));
+    return gradients;
+  }
+  const auto pad = [&](const at::Tensor& tensor) { return detail::pad_head_dim(tensor, padded); };
+  const AttentionGradients padded_gradients = {
+      at::empty(sizes_at_head_dim(q, padded), q.options()),
+      at::empty(sizes_at_head_dim(k, padded), k.options()),
+      at::empty(sizes_at_head_dim(v, padded), v.options())};
+  launch_backward_checked(kernel, make(pad(dout), pad(q), pad(k), pad(v), pad(out), padded_gradients,
+                                       detail::keep_softmax_scale(options, head_dim)));
+  const AttentionGradients result = {padded_gradients.dq.narrow(-1, 0, head_dim),
+                                     padded_gradients.dk.narrow(-1, 0, head_dim),
+                                     padded_gradients.dv.narrow(-1, 0, head_dim)};
+  if (!into) return result;
+  gradients.dq.copy_(result.dq);
+  gradients.dk.copy_(result.dk);
+  gradients.dv.copy_(result.dv);
+  return gradients;
 }
 
 }  // namespace
@@ -184,25 +245,39 @@ AttentionBackwardParams make_varlen_backward_params(
 }
 
 const KernelVariant& select_backward_kernel(const AttentionBackwardParams& params,
-                                            const std::string& kernel_name) {
+                                            const std::string& kernel_name,
+                                            HeadDimPadding padding) {
+  const auto reason_for = [&](const KernelVariant& kernel) {
+    // A kernel without a backward says so whatever the head dim.
+    return padding == HeadDimPadding::allowed && kernel.backward_launch != nullptr
+               ? detail::padded_cannot_run_reason(kernel, params, backward_cannot_run_reason)
+               : backward_cannot_run_reason(kernel, params);
+  };
+  // The padding note goes after the reasons when a kernel's head dims ran out.
+  const auto ran_out = [&](const KernelVariant& kernel) {
+    return padding == HeadDimPadding::allowed && kernel.backward_launch != nullptr &&
+           padded_head_dim(kernel, params.head_dim) <= 0;
+  };
   if (kernel_name == "auto") {
     std::string reasons;
+    bool head_dims_ran_out = false;
     for (const auto& kernel : registered_kernels()) {
-      const std::string reason = backward_cannot_run_reason(kernel, params);
+      const std::string reason = reason_for(kernel);
       if (reason.empty()) return kernel;
       reasons += "\n  " + reason;
+      head_dims_ran_out = head_dims_ran_out || ran_out(kernel);
     }
     TORCH_CHECK(false, "no registered kernel has a backward that can run ", describe_problem(params),
-                ":", reasons);
+                ":", reasons, head_dims_ran_out ? detail::kPaddingNote : "");
   }
   const KernelVariant* kernel = find_kernel(kernel_name);
   TORCH_CHECK(kernel != nullptr, "unknown kernel '", kernel_name,
               "'; registered kernels: ", registered_kernel_names(), " (or auto)");
   TORCH_CHECK(kernel->backward_launch != nullptr, "kernel ", kernel->name,
               " has no backward pass; kernels with one: ", kernels_with_backward());
-  const std::string reason = backward_cannot_run_reason(*kernel, params);
+  const std::string reason = reason_for(*kernel);
   TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run the backward of ",
-              describe_problem(params), ": ", reason);
+              describe_problem(params), ": ", reason, ran_out(*kernel) ? detail::kPaddingNote : "");
   return *kernel;
 }
 
@@ -227,33 +302,65 @@ void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardPar
   launch_backward_checked(kernel, params);
 }
 
+namespace {
+
+// attention_backward (into false: new gradients) and attention_backward_into.
+AttentionGradients fixed_length_backward(const at::Tensor& dout, const at::Tensor& q,
+                                         const at::Tensor& k, const at::Tensor& v,
+                                         const at::Tensor& out, const at::Tensor& lse,
+                                         const AttentionGradients& gradients, bool into,
+                                         const BackwardOptions& options) {
+  detail::check_structure(q, k, v, options);
+  detail::check_same_device(q, k, v);
+  const auto make = [&](const at::Tensor& dout_run, const at::Tensor& q_run, const at::Tensor& k_run,
+                        const at::Tensor& v_run, const at::Tensor& out_run,
+                        const AttentionGradients& run, const BackwardOptions& options_run) {
+    return make_backward_params(dout_run, q_run, k_run, v_run, out_run, lse, run.dq, run.dk, run.dv,
+                                options_run);
+  };
+  return backward(dout, q, k, v, out, lse, gradients, into, options,
+                  {q.size(0), q.size(2), q.size(1)}, "(batch, heads, seqlen_q)", make);
+}
+
+}  // namespace
+
 void attention_backward_into(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                              const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv,
                              const BackwardOptions& options) {
-  detail::check_structure(q, k, v, options);
-  detail::check_same_device(q, k, v);
-  check_backward_buffers(dout, q, k, v, out, lse, dq, dk, dv, {q.size(0), q.size(2), q.size(1)},
-                         "(batch, heads, seqlen_q)");
-  const AttentionBackwardParams params = make_backward_params(dout, q, k, v, out, lse, dq, dk, dv, options);
-  const KernelVariant& kernel = select_backward_kernel(params, options.kernel);
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  launch_backward_checked(kernel, params);
+  fixed_length_backward(dout, q, k, v, out, lse, {dq, dk, dv}, /*into=*/true, options);
 }
 
 AttentionGradients attention_backward(const at::Tensor& dout, const at::Tensor& q,
                                       const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& out, const at::Tensor& lse,
                                       const BackwardOptions& options) {
-  detail::check_structure(q, k, v, options);
-  AttentionGradients gradients;
-  gradients.dq = at::empty(q.sizes(), q.options());
-  gradients.dk = at::empty(k.sizes(), k.options());
-  gradients.dv = at::empty(v.sizes(), v.options());
-  attention_backward_into(dout, q, k, v, out, lse, gradients.dq, gradients.dk, gradients.dv, options);
-  return gradients;
+  return fixed_length_backward(dout, q, k, v, out, lse, {}, /*into=*/false, options);
 }
+
+namespace {
+
+// attention_varlen_backward (into false: new gradients) and its _into form.
+AttentionGradients varlen_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& out,
+                                   const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
+                                   const at::Tensor& cu_seqlens_k, int max_seqlen_q,
+                                   int max_seqlen_k, const AttentionGradients& gradients,
+                                   bool into, const BackwardOptions& options) {
+  detail::check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              options);
+  const auto make = [&](const at::Tensor& dout_run, const at::Tensor& q_run, const at::Tensor& k_run,
+                        const at::Tensor& v_run, const at::Tensor& out_run,
+                        const AttentionGradients& run, const BackwardOptions& options_run) {
+    return make_varlen_backward_params(dout_run, q_run, k_run, v_run, out_run, lse, cu_seqlens_q,
+                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, run.dq, run.dk,
+                                       run.dv, options_run);
+  };
+  return backward(dout, q, k, v, out, lse, gradients, into, options, {q.size(1), q.size(0)},
+                  "(heads, total_q)", make);
+}
+
+}  // namespace
 
 void attention_varlen_backward_into(const at::Tensor& dout, const at::Tensor& q,
                                     const at::Tensor& k, const at::Tensor& v,
@@ -262,17 +369,8 @@ void attention_varlen_backward_into(const at::Tensor& dout, const at::Tensor& q,
                                     int max_seqlen_q, int max_seqlen_k, const at::Tensor& dq,
                                     const at::Tensor& dk, const at::Tensor& dv,
                                     const BackwardOptions& options) {
-  detail::check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                              options);
-  check_backward_buffers(dout, q, k, v, out, lse, dq, dk, dv, {q.size(1), q.size(0)},
-                         "(heads, total_q)");
-  const AttentionBackwardParams params =
-      make_varlen_backward_params(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
-                                  max_seqlen_q, max_seqlen_k, dq, dk, dv, options);
-  const KernelVariant& kernel = select_backward_kernel(params, options.kernel);
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  launch_backward_checked(kernel, params);
+  varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  {dq, dk, dv}, /*into=*/true, options);
 }
 
 AttentionGradients attention_varlen_backward(const at::Tensor& dout, const at::Tensor& q,
@@ -281,14 +379,8 @@ AttentionGradients attention_varlen_backward(const at::Tensor& dout, const at::T
                                              const at::Tensor& cu_seqlens_q,
                                              const at::Tensor& cu_seqlens_k, int max_seqlen_q,
                                              int max_seqlen_k, const BackwardOptions& options) {
-  detail::check_varlen_structure(q, k, v, options);
-  AttentionGradients gradients;
-  gradients.dq = at::empty(q.sizes(), q.options());
-  gradients.dk = at::empty(k.sizes(), k.options());
-  gradients.dv = at::empty(v.sizes(), v.options());
-  attention_varlen_backward_into(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_k, gradients.dq, gradients.dk, gradients.dv, options);
-  return gradients;
+  return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, {}, /*into=*/false, options);
 }
 
 }  // namespace flashlab

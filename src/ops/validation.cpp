@@ -192,6 +192,63 @@ void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Ten
                           max_seqlen_k);
 }
 
+at::Tensor pad_head_dim(const at::Tensor& tensor, int64_t padded_head_dim) {
+  const int64_t head_dim = tensor.size(-1);
+  std::vector<int64_t> sizes = tensor.sizes().vec();
+  sizes.back() = padded_head_dim;
+  at::Tensor padded =
+      at::empty(sizes, tensor.options().memory_format(at::MemoryFormat::Contiguous));
+  padded.narrow(-1, 0, head_dim).copy_(tensor);
+  padded.narrow(-1, head_dim, padded_head_dim - head_dim).zero_();
+  return padded;
+}
+
+namespace {
+
+// Strides of a contiguous (batch, seqlen, heads, head_dim) tensor, or of a
+// packed (total, heads, head_dim) one (batch stride 0) for a varlen batch.
+void contiguous_strides(int64_t& batch_stride, int64_t& row_stride, int64_t& head_stride,
+                        int seqlen, int heads, int head_dim, bool packed) {
+  head_stride = head_dim;
+  row_stride = static_cast<int64_t>(heads) * head_dim;
+  batch_stride = packed ? 0 : seqlen * row_stride;
+}
+
+}  // namespace
+
+AttentionParams params_at_head_dim(const AttentionParams& params, int head_dim) {
+  AttentionParams padded = params;
+  const bool packed = params.is_varlen();
+  padded.head_dim = head_dim;
+  padded.q = padded.k = padded.v = padded.out = nullptr;
+  contiguous_strides(padded.q_batch_stride, padded.q_row_stride, padded.q_head_stride,
+                     params.seqlen_q, params.heads, head_dim, packed);
+  contiguous_strides(padded.k_batch_stride, padded.k_row_stride, padded.k_head_stride,
+                     params.seqlen_k, params.kv_heads, head_dim, packed);
+  contiguous_strides(padded.v_batch_stride, padded.v_row_stride, padded.v_head_stride,
+                     params.seqlen_k, params.kv_heads, head_dim, packed);
+  contiguous_strides(padded.out_batch_stride, padded.out_row_stride, padded.out_head_stride,
+                     params.seqlen_q, params.heads, head_dim, packed);
+  return padded;
+}
+
+AttentionBackwardParams params_at_head_dim(const AttentionBackwardParams& params, int head_dim) {
+  AttentionBackwardParams padded = params;
+  static_cast<AttentionParams&>(padded) = params_at_head_dim(static_cast<const AttentionParams&>(params), head_dim);
+  const bool packed = params.is_varlen();
+  padded.dout = nullptr;
+  padded.dq = padded.dk = padded.dv = nullptr;
+  contiguous_strides(padded.dout_batch_stride, padded.dout_row_stride, padded.dout_head_stride,
+                     params.seqlen_q, params.heads, head_dim, packed);
+  contiguous_strides(padded.dq_batch_stride, padded.dq_row_stride, padded.dq_head_stride,
+                     params.seqlen_q, params.heads, head_dim, packed);
+  contiguous_strides(padded.dk_batch_stride, padded.dk_row_stride, padded.dk_head_stride,
+                     params.seqlen_k, params.kv_heads, head_dim, packed);
+  contiguous_strides(padded.dv_batch_stride, padded.dv_row_stride, padded.dv_head_stride,
+                     params.seqlen_k, params.kv_heads, head_dim, packed);
+  return padded;
+}
+
 int device_compute_capability(const at::Tensor& q) {
   if (!q.is_cuda()) return 0;
   int major = 0, minor = 0;

@@ -8,6 +8,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,6 +58,49 @@ void check_varlen_structure(const at::Tensor& q, const at::Tensor& k, const at::
 void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                          int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options);
+
+// Head-dim padding (attention.h): `tensor` (..., head_dim) zero-padded on its
+// last dimension to (..., padded_head_dim), a new contiguous tensor.
+at::Tensor pad_head_dim(const at::Tensor& tensor, int64_t padded_head_dim);
+
+// `options` with softmax_scale fixed at 1/sqrt(head_dim) of the head_dim given
+// when it was left out, so a padded run keeps the unpadded scale (the same
+// double as make_params computes, so the same float).
+template <class Options>
+Options keep_softmax_scale(Options options, int64_t head_dim) {
+  if (!options.softmax_scale) options.softmax_scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  return options;
+}
+
+// `params` as a kernel would get them with q, k, v, out (and dout, dq, dk, dv)
+// zero-padded to `head_dim`: fresh contiguous tensors, so contiguous strides
+// and null pointers here (allocations are aligned; null is too); lse, the
+// scale, masks and lengths as they were. For asking a kernel whether it takes
+// the padded problem, never for a launch.
+AttentionParams params_at_head_dim(const AttentionParams& params, int head_dim);
+AttentionBackwardParams params_at_head_dim(const AttentionBackwardParams& params, int head_dim);
+
+// Why `kernel` cannot run `params` once padded to the head dim it would pad
+// them to (padded_head_dim), by `reason(kernel, params)` (cannot_run_reason or
+// the backward's); empty when it can. A kernel with no head dim that large
+// gives its own unsupported_reason at the head_dim given.
+template <class Params, class Reason>
+std::string padded_cannot_run_reason(const KernelVariant& kernel, const Params& params,
+                                     const Reason& reason) {
+  const int padded = padded_head_dim(kernel, params.head_dim);
+  if (padded == params.head_dim) return reason(kernel, params);
+  if (padded <= 0) {
+    std::string own = kernel.unsupported_reason(params);
+    return own.empty() ? kernel.name + " has no head_dim of " + std::to_string(params.head_dim) +
+                             " or more"
+                       : own;
+  }
+  return reason(kernel, params_at_head_dim(params, padded));
+}
+
+// The sentence the head-dim errors end with: how a kernel's head dims extend.
+inline constexpr const char* kPaddingNote =
+    " (the public entries zero-pad a head_dim up to the next one the kernel has)";
 
 // 90 for an sm_90 tensor's device; 0 for a tensor that is not on a CUDA device.
 int device_compute_capability(const at::Tensor& q);

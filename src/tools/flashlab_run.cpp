@@ -185,6 +185,26 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   return arguments;
 }
 
+// flashlab-run runs a kernel at its own head dims (run_kernel); the public
+// entries pad. When the kernel takes the problem at the head dim
+// attention_forward would pad it to, a line saying so; else empty.
+std::string padding_hint(const flashlab::KernelVariant& kernel, const Arguments& arguments) {
+  const int head_dim = arguments.spec.head_dim;
+  const int padded = flashlab::padded_head_dim(kernel, head_dim);
+  if (padded <= 0 || padded == head_dim) return {};
+  flashlab::ProblemSpec at_padded = arguments.spec;
+  at_padded.head_dim = padded;
+  const std::string reason = arguments.backward
+                                 ? flashlab::backward_unsupported_reason(kernel, at_padded)
+                                 : flashlab::unsupported_reason(kernel, at_padded);
+  if (!reason.empty()) return {};
+  return "\nflashlab-run runs a kernel at its own head dims; attention_forward" +
+         std::string(arguments.backward ? " and attention_backward" : "") +
+         " would zero-pad head_dim " + std::to_string(head_dim) + " to " +
+         std::to_string(padded) + " for " + kernel.name + " (--head-dim " +
+         std::to_string(padded) + " runs the kernel there)";
+}
+
 int run_tile_trace(const Arguments& arguments) {
   const flashlab::KernelVariant* kernel =
       arguments.spec.kernel == "auto" ? nullptr
@@ -251,7 +271,7 @@ int main(int argc, char** argv) {
                                    ? flashlab::backward_unsupported_reason(*kernel, arguments.spec)
                                    : flashlab::unsupported_reason(*kernel, arguments.spec);
     if (!reason.empty()) {
-      std::cerr << "flashlab-run: " << reason << "\n";
+      std::cerr << "flashlab-run: " << reason << padding_hint(*kernel, arguments) << "\n";
       return kExitBadArguments;
     }
   }

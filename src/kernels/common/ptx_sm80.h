@@ -22,6 +22,14 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// The same with an L2 prefetch hint of 256 bytes: the L2 fetches the whole
+// 256-byte sector group around the address (streams whose rows are 256 bytes
+// or more, e.g. a KV cache at head_dim 128).
+__device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
 // 4-byte async copy (through L1: cp.async allows 4 bytes with .ca only);
 // valid = false zero-fills the destination and reads nothing.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {

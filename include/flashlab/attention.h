@@ -233,9 +233,13 @@ KvCacheParams make_kvcache_params(const at::Tensor& q, const at::Tensor& k_cache
                                   const at::Tensor& lse, const KvCacheOptions& options);
 
 // The kernel that would run it (options.kernel, or "auto": the first registered
-// kernel with a KV-cache path that takes it). Throws c10::Error otherwise.
+// kernel with a KV-cache path that takes it; with padding allowed, at the head
+// dim it pads head_dim to, as attention_with_kvcache does: there a padded run
+// works on zero-padded copies of q and the caches and copies the appended rows
+// back, O(cache size) extra). Throws c10::Error otherwise.
 const KernelVariant& select_kvcache_kernel(const KvCacheParams& params,
-                                           const std::string& kernel_name);
+                                           const std::string& kernel_name,
+                                           HeadDimPadding padding = HeadDimPadding::none);
 
 // run_kernel's twin: checks kernel.kvcache_unsupported_reason and the device,
 // allocates kernel.kvcache_workspace_bytes(params) into params.workspace and

@@ -208,7 +208,49 @@ KvCacheParams make_kvcache_params(const at::Tensor& q, const at::Tensor& k_cache
   return params;
 }
 
-const KernelVariant& select_kvcache_kernel(const KvCacheParams& params, const std::string& kernel_name) {
+namespace {
+
+// `params` as the kernel would get them with every tensor zero-padded to
+// `head_dim` (fresh contiguous copies): for asking whether it takes them.
+KvCacheParams kvcache_params_at_head_dim(const KvCacheParams& params, int head_dim) {
+  KvCacheParams padded = params;
+  static_cast<AttentionParams&>(padded) = detail::params_at_head_dim(params, head_dim);
+  if (params.is_paged()) {  // the pages: (num_pages, page_size, kv_heads, head_dim)
+    padded.k_head_stride = padded.v_head_stride = head_dim;
+    padded.k_row_stride = padded.v_row_stride = static_cast<int64_t>(params.kv_heads) * head_dim;
+    padded.k_batch_stride = padded.v_batch_stride = padded.k_row_stride * params.page_size;
+  }
+  if (params.k_new != nullptr) {
+    padded.k_new = padded.v_new = nullptr;
+    padded.k_new_head_stride = padded.v_new_head_stride = head_dim;
+    padded.k_new_row_stride = padded.v_new_row_stride = static_cast<int64_t>(params.kv_heads) * head_dim;
+    padded.k_new_batch_stride = padded.v_new_batch_stride = padded.k_new_row_stride * params.seqlen_new;
+  }
+  return padded;
+}
+
+// Why `kernel` cannot run `params` (at the head dim it pads them to when
+// padding is allowed); empty when it can.
+std::string kvcache_cannot_run_reason(const KernelVariant& kernel, const KvCacheParams& params,
+                                      HeadDimPadding padding) {
+  if (kernel.kvcache_launch == nullptr) return kernel.name + " has no KV-cache path";
+  const int padded = padding == HeadDimPadding::allowed ? padded_head_dim(kernel, params.head_dim)
+                                                        : params.head_dim;
+  std::string reason;
+  if (padded <= 0)
+    reason = kernel.kvcache_unsupported_reason(params);
+  else
+    reason = kernel.kvcache_unsupported_reason(
+        padded == params.head_dim ? params : kvcache_params_at_head_dim(params, padded));
+  if (reason.empty() && padded <= 0) reason = kernel.name + " has no head_dim that large";
+  if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
+  return reason;
+}
+
+}  // namespace
+
+const KernelVariant& select_kvcache_kernel(const KvCacheParams& params, const std::string& kernel_name,
+                                           HeadDimPadding padding) {
   const auto kernels_with_kvcache = [] {
     std::string names;
     for (const auto& kernel : registered_kernels())
@@ -219,8 +261,7 @@ const KernelVariant& select_kvcache_kernel(const KvCacheParams& params, const st
     std::string reasons;
     for (const auto& kernel : registered_kernels()) {
       if (kernel.kvcache_launch == nullptr) continue;
-      std::string reason = kernel.kvcache_unsupported_reason(params);
-      if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
+      const std::string reason = kvcache_cannot_run_reason(kernel, params, padding);
       if (reason.empty()) return kernel;
       reasons += "\n  " + kernel.name + ": " + reason;
     }
@@ -231,11 +272,9 @@ const KernelVariant& select_kvcache_kernel(const KvCacheParams& params, const st
               registered_kernel_names(), " (or auto)");
   TORCH_CHECK(kernel->kvcache_launch != nullptr, "kernel ", kernel->name,
               " has no KV-cache path; kernels with one: ", kernels_with_kvcache());
-  const std::string reason = kernel->kvcache_unsupported_reason(params);
+  const std::string reason = kvcache_cannot_run_reason(*kernel, params, padding);
   TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run ", describe_kvcache_problem(params),
               ": ", reason);
-  const std::string device_reason = architecture_reason(*kernel, params.device_compute_capability);
-  TORCH_CHECK(device_reason.empty(), device_reason);
   return *kernel;
 }
 
@@ -270,13 +309,39 @@ void attention_with_kvcache_into(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& lse, const KvCacheOptions& options) {
   check_kvcache_structure(q, k_cache, v_cache, options);
   const KvCacheParams probe = make_kvcache_params(q, k_cache, v_cache, at::Tensor(), at::Tensor(), options);
-  const KernelVariant& kernel = select_kvcache_kernel(probe, options.kernel);
+  const KernelVariant& kernel = select_kvcache_kernel(probe, options.kernel, HeadDimPadding::allowed);
   detail::check_output_buffers(q, out, lse, {q.size(0), q.size(2), q.size(1)},
                                "(batch, heads, seqlen_q)");
   check_kvcache_devices(q, k_cache, v_cache, options);
   check_kvcache_values(k_cache, options, q.size(0));
   const c10::cuda::CUDAGuard device_guard(q.device());
-  run_kvcache_kernel(kernel, make_kvcache_params(q, k_cache, v_cache, out, lse, options));
+  const int64_t head_dim = q.size(3);
+  const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));
+  if (padded == head_dim) {
+    run_kvcache_kernel(kernel, make_kvcache_params(q, k_cache, v_cache, out, lse, options));
+    return;
+  }
+  // A head dim the kernel lacks: zero-padded copies of everything (the
+  // unpadded scale), out sliced back, and, after an append, the cache's
+  // first head_dim columns copied back (O(cache): correct, not fast).
+  const auto pad = [&](const at::Tensor& tensor) { return detail::pad_head_dim(tensor, padded); };
+  KvCacheOptions padded_options = detail::keep_softmax_scale(options, head_dim);
+  const bool append = has_new_keys(options);
+  if (append) {
+    padded_options.k_new = pad(*options.k_new);
+    padded_options.v_new = pad(*options.v_new);
+  }
+  const at::Tensor k_padded = pad(k_cache), v_padded = pad(v_cache);
+  std::vector<int64_t> out_sizes = q.sizes().vec();
+  out_sizes.back() = padded;
+  const at::Tensor out_padded = at::empty(out_sizes, q.options());
+  run_kvcache_kernel(kernel,
+                     make_kvcache_params(pad(q), k_padded, v_padded, out_padded, lse, padded_options));
+  out.copy_(out_padded.narrow(-1, 0, head_dim));
+  if (append) {
+    k_cache.copy_(k_padded.narrow(-1, 0, head_dim));
+    v_cache.copy_(v_padded.narrow(-1, 0, head_dim));
+  }
 }
 
 AttentionOutput attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,

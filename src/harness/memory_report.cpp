@@ -137,4 +137,59 @@ std::string format_memory_table(const ProblemSpec& spec, const std::vector<Memor
   return text.str();
 }
 
+KvCacheMemory measure_kvcache_memory(const KvCacheSpec& spec) {
+  const KvCacheTensors inputs = make_kvcache_inputs(spec, at::Device(at::kCUDA, 0));
+  const KernelVariant& kernel = resolve_kvcache_kernel(spec, inputs);
+  const auto bytes = [](const at::Tensor& tensor) {
+    return tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : int64_t{0};
+  };
+  KvCacheMemory memory;
+  memory.kernel = kernel.name;
+  KvCacheParams params = kvcache_params(spec, inputs);
+  memory.num_splits = kvcache_splits(kernel, params);
+  params.num_splits = memory.num_splits;
+  memory.workspace_bytes = kernel.kvcache_workspace_bytes != nullptr
+                               ? static_cast<int64_t>(kernel.kvcache_workspace_bytes(params))
+                               : 0;
+  memory.k_cache_bytes = bytes(inputs.k_cache);
+  memory.v_cache_bytes = bytes(inputs.v_cache);
+  int64_t keys = 0;
+  for (const int64_t length : inputs.key_lengths()) keys += length;
+  memory.valid_key_bytes = 2 * keys * spec.kv_heads * spec.head_dim * inputs.k_cache.element_size();
+  memory.block_table_bytes = bytes(inputs.block_table);
+  memory.cache_seqlens_bytes = bytes(inputs.cache_seqlens);
+  memory.new_rows_bytes = bytes(inputs.k_new) + bytes(inputs.v_new);
+  // What attention_with_kvcache allocates: out, lse, and the workspace inside
+  // the launch. Once first, so one-time allocations are not counted.
+  const KvCacheOptions options = inputs.options(spec.attention_options(), spec.num_splits);
+  const auto call = [&] { attention_with_kvcache(inputs.q, inputs.k_cache, inputs.v_cache, options); };
+  call();
+  memory.call_bytes = peak_bytes_during(call);
+  return memory;
+}
+
+std::string format_kvcache_memory(const KvCacheSpec& spec, const KvCacheMemory& memory) {
+  std::ostringstream text;
+  const auto line = [&](const char* what, int64_t bytes, const std::string& note = {}) {
+    char row[160];
+    std::snprintf(row, sizeof row, "  %-28s %16lld bytes", what, static_cast<long long>(bytes));
+    text << row << (note.empty() ? "" : "  " + note) << "\n";
+  };
+  const int64_t cache = memory.k_cache_bytes + memory.v_cache_bytes;
+  text << "KV cache memory (" << spec.describe() << ")\n"
+       << "kernel " << memory.kernel << ", num_splits " << memory.num_splits << "\n";
+  line("k_cache", memory.k_cache_bytes);
+  line("v_cache", memory.v_cache_bytes);
+  char share[64];
+  std::snprintf(share, sizeof share, "(%.1f%% of the caches)", cache > 0 ? 100.0 * memory.valid_key_bytes / cache : 0.0);
+  line("of which valid keys", memory.valid_key_bytes, std::string(share) + ", after the append");
+  line("block_table", memory.block_table_bytes, spec.paged() ? "" : "(contiguous cache: none)");
+  line("cache_seqlens", memory.cache_seqlens_bytes);
+  line("k_new + v_new", memory.new_rows_bytes);
+  line("kvcache workspace", memory.workspace_bytes,
+       memory.num_splits > 1 ? "(float32 partial out + lse per split)" : "(one split: none)");
+  line("one call, above its inputs", memory.call_bytes, "(out, lse, workspace: peak allocated)");
+  return text.str();
+}
+
 }  // namespace flashlab

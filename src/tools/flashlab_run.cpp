@@ -17,6 +17,7 @@
 #include "flashlab/harness/arguments.h"
 #include "flashlab/harness/backward_check.h"
 #include "flashlab/harness/dev_kernels.h"
+#include "flashlab/harness/kvcache_check.h"
 #include "flashlab/harness/locate.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
@@ -36,9 +37,59 @@ struct Arguments {
   bool deterministic = false;  // BackwardOptions::deterministic
   std::vector<int> show_state;  // batch, head, row, key tile
   std::vector<int> locate;      // batch, head, row[, col]
+  bool kvcache = false;         // decoding with a KV cache: kvcache_spec, not spec, is the problem
+  flashlab::KvCacheSpec kvcache_spec;
 };
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
+// The capacity --cache-seqlens random draws lengths under when --seqlen-k is not given.
+constexpr int kDefaultRandomCapacity = 4096;
+
+// The KV-cache problem from the forward's options (--seqlen-k: the capacity)
+// and the --kvcache ones. Throws flashlab::ArgumentError.
+flashlab::KvCacheSpec kvcache_spec(const flashlab::ProblemSpec& spec, bool seqlen_q_given,
+                                   bool seqlen_k_given, const std::optional<std::string>& lengths_text,
+                                   int page_size, int num_splits, int append) {
+  using flashlab::ArgumentError;
+  flashlab::KvCacheSpec kv;
+  kv.kernel = spec.kernel;
+  kv.batch = spec.batch, kv.heads = spec.heads, kv.kv_heads = spec.kv_heads;
+  kv.seqlen_q = seqlen_q_given ? spec.seqlen_q : 1;  // a decode step unless told otherwise
+  kv.head_dim = spec.head_dim;
+  kv.dtype = spec.dtype;
+  kv.causal = spec.causal;
+  kv.softmax_scale = spec.softmax_scale;
+  kv.window_left = spec.window_left, kv.window_right = spec.window_right;
+  kv.seed = spec.seed;
+  kv.float64_reference = spec.float64_reference;
+  kv.page_size = page_size, kv.num_splits = num_splits, kv.seqlen_new = append;
+  const std::string text = lengths_text.value_or("random");
+  if (text == "random") {
+    kv.capacity = seqlen_k_given ? spec.seqlen_k : kDefaultRandomCapacity;
+    if (append > kv.resolved_capacity())
+      throw ArgumentError("--append " + std::to_string(append) + " is more rows than the cache holds (capacity " +
+                          std::to_string(kv.resolved_capacity()) + "; --seqlen-k sets it)");
+    kv.cache_seqlens = flashlab::random_cache_seqlens(kv.batch, kv.resolved_capacity(), append, kv.seed);
+  } else {
+    try {
+      kv.cache_seqlens = flashlab::parse_int_list("--cache-seqlens", text, 0, kIntMax);
+    } catch (const ArgumentError&) {
+      throw ArgumentError("--cache-seqlens expects lengths >= 0 (L1,L2,... one per sequence, or one for all) "
+                          "or random; got '" + text + "'");
+    }
+    if (kv.cache_seqlens.size() == 1) kv.cache_seqlens.assign(kv.batch, kv.cache_seqlens.front());
+    if (static_cast<int>(kv.cache_seqlens.size()) != kv.batch)
+      throw ArgumentError("--cache-seqlens gives " + std::to_string(kv.cache_seqlens.size()) +
+                          " lengths for --batch " + std::to_string(kv.batch) +
+                          "; give one per sequence or one for all");
+    kv.capacity = seqlen_k_given ? spec.seqlen_k : 0;  // 0: the least that fits
+  }
+  const std::string invalid = kv.invalid_reason();
+  if (!invalid.empty())
+    throw ArgumentError("--cache-seqlens and --append do not fit the cache: " + invalid +
+                        " (--seqlen-k sets the capacity)");
+  return kv;
+}
 
 // Throws flashlab::ArgumentError (exit 2). Returns nothing for --help / --list-kernels
 // (printed here; exit 0).
@@ -47,7 +98,12 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   auto& spec = arguments.spec;
   bool kv_heads_given = false, seqlen_k_given = false, seed_given = false;
   bool fixed_length_given = false;  // --batch, --seqlen-q or --seqlen-k
+  bool seqlen_q_given = false;
   bool list_kernels = false;
+  // --kvcache's own options.
+  std::optional<std::string> cache_seqlens;
+  int page_size = 0, num_splits = 0, append = 0;
+  bool kvcache_option_given = false;
   using flashlab::parse_int;
   flashlab::ArgumentParser parser(
       "flashlab-run", "One seeded problem through one kernel and the reference, with the report.",
@@ -66,7 +122,7 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
         spec.kv_heads = parse_int("--kv-heads", v, 1, kIntMax), kv_heads_given = true;
       })
       .option("--seqlen-q", "SQ", "(default 113)", [&](const std::string& v) {
-        spec.seqlen_q = parse_int("--seqlen-q", v, 1, kIntMax), fixed_length_given = true;
+        spec.seqlen_q = parse_int("--seqlen-q", v, 1, kIntMax), fixed_length_given = true, seqlen_q_given = true;
       })
       .option("--seqlen-k", "SK", "(default: SQ)", [&](const std::string& v) {
         spec.seqlen_k = parse_int("--seqlen-k", v, 1, kIntMax), seqlen_k_given = true, fixed_length_given = true;
@@ -136,7 +192,29 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
             "forward + backward memory too",
             [&] { arguments.backward = true; })
       .flag("--deterministic", "with --backward: the deterministic backward (bitwise reproducible dq)",
-            [&] { arguments.deterministic = true; });
+            [&] { arguments.deterministic = true; })
+      .flag("--kvcache",
+            "decoding with a KV cache (attention_with_kvcache): --seqlen-q query rows\n(default 1) a "
+            "sequence against its cache of --seqlen-k rows (the\ncapacity; default: the least that fits); "
+            "reports out, lse and the caches",
+            [&] { arguments.kvcache = true; })
+      .option("--cache-seqlens", "L1,L2,...|L|random",
+              "with --kvcache: rows cached before the append, one per sequence, one\nfor all, or random "
+              "(seeded, 0 to capacity - append; capacity --seqlen-k,\ndefault 4096) (default random)",
+              [&](const std::string& v) { cache_seqlens = v, kvcache_option_given = true; })
+      .option("--page-size", "N", "with --kvcache: a paged cache of N-row pages (0 = contiguous, default 0)",
+              [&](const std::string& v) {
+                page_size = parse_int("--page-size", v, 0, kIntMax), kvcache_option_given = true;
+              })
+      .option("--num-splits", "N", "with --kvcache: splits of each sequence's keys (0 = the kernel's heuristic, default 0)",
+              [&](const std::string& v) {
+                num_splits = parse_int("--num-splits", v, 0, kIntMax), kvcache_option_given = true;
+              })
+      .option("--append", "N", "with --kvcache: new k/v rows a sequence, written into the cache at\nits "
+              "cached length before attending (default 0)",
+              [&](const std::string& v) {
+                append = parse_int("--append", v, 0, kIntMax), kvcache_option_given = true;
+              });
   if (parser.parse(argc, argv).help) {
     std::cout << parser.usage();
     return std::nullopt;
@@ -166,6 +244,20 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       throw ArgumentError("--layout packed-qkv needs --seqlens-k equal to --seqlens");
     if (arguments.trace_tiles || arguments.memory)
       throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
+  }
+  if (kvcache_option_given && !arguments.kvcache)
+    throw ArgumentError("--cache-seqlens, --page-size, --num-splits and --append go with --kvcache");
+  if (arguments.kvcache) {
+    if (spec.is_varlen())
+      throw ArgumentError("--kvcache takes a fixed-length batch (--batch; the keys come from --cache-seqlens), "
+                          "not --seqlens");
+    if (spec.layout == flashlab::Layout::packed_qkv)
+      throw ArgumentError("--kvcache takes the bshd layout (the caches are tensors of their own), not --layout "
+                          "packed-qkv");
+    if (arguments.backward || arguments.trace_tiles || !arguments.locate.empty())
+      throw ArgumentError("--kvcache checks the decoding forward; it takes no --backward, --trace-tiles or --locate");
+    arguments.kvcache_spec =
+        kvcache_spec(spec, seqlen_q_given, seqlen_k_given, cache_seqlens, page_size, num_splits, append);
   }
   if (!spec.is_varlen() && spec.layout == flashlab::Layout::packed_qkv &&
       spec.seqlen_q != spec.seqlen_k)
@@ -225,6 +317,26 @@ int run_tile_trace(const Arguments& arguments) {
   return report.matches() ? kExitPass : kExitMismatch;
 }
 
+// --kvcache: the decoding call against the reference, and the caches. Exit codes
+// as for the forward.
+int run_kvcache_check(const Arguments& arguments) {
+  flashlab::KvCacheCheckResult result;
+  try {
+    flashlab::CheckOptions options;
+    options.timed_launches = arguments.repeat;
+    result = flashlab::check_kvcache(arguments.kvcache_spec, options);
+  } catch (const c10::Error& error) {
+    std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
+    return kExitBadArguments;
+  } catch (const std::exception& error) {
+    std::cerr << "flashlab-run: kernel run failed: " << error.what() << "\n";
+    return kExitMismatch;
+  }
+  std::cout << result.format();
+  if (arguments.json) std::cout << result.to_json() << "\n";
+  return result.passed() ? kExitPass : kExitMismatch;
+}
+
 // --backward: the kernel's forward, then its backward; out, lse, dq, dk, dv
 // against the reference. Exit codes as for the forward.
 int run_backward_check(const Arguments& arguments) {
@@ -267,9 +379,10 @@ int main(int argc, char** argv) {
                 << " (developer kernels: --list-kernels)\n";
       return kExitBadArguments;
     }
-    const std::string reason = arguments.backward
-                                   ? flashlab::backward_unsupported_reason(*kernel, arguments.spec)
-                                   : flashlab::unsupported_reason(*kernel, arguments.spec);
+    const std::string reason =
+        arguments.kvcache    ? flashlab::kvcache_unsupported_reason(*kernel, arguments.kvcache_spec)
+        : arguments.backward ? flashlab::backward_unsupported_reason(*kernel, arguments.spec)
+                             : flashlab::unsupported_reason(*kernel, arguments.spec);
     if (!reason.empty()) {
       std::cerr << "flashlab-run: " << reason << padding_hint(*kernel, arguments) << "\n";
       return kExitBadArguments;
@@ -297,6 +410,11 @@ int main(int argc, char** argv) {
             << " to repeat this problem)\n";
   try {
     if (arguments.trace_tiles) return run_tile_trace(arguments);
+    if (arguments.memory && arguments.kvcache) {
+      std::cout << flashlab::format_kvcache_memory(arguments.kvcache_spec,
+                                                   flashlab::measure_kvcache_memory(arguments.kvcache_spec));
+      return kExitPass;
+    }
     if (arguments.memory) {
       flashlab::MemoryOptions memory_options;
       memory_options.backward = arguments.backward;
@@ -309,6 +427,7 @@ int main(int argc, char** argv) {
     std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
     return kExitBadArguments;
   }
+  if (arguments.kvcache) return run_kvcache_check(arguments);
   if (arguments.backward) return run_backward_check(arguments);
   flashlab::CheckResult result;
   try {

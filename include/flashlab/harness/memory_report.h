@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "flashlab/harness/kvcache_check.h"
 #include "flashlab/harness/problem.h"
 
 namespace flashlab {
@@ -44,5 +45,21 @@ std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vecto
 // The forward table; rows measured with MemoryOptions::backward add a second
 // table for forward + backward.
 std::string format_memory_table(const ProblemSpec& spec, const std::vector<MemoryMeasurement>& rows);
+
+// Decoding with a KV cache: what the inputs hold (the caches, the block table,
+// the lengths, the new rows) and what one attention_with_kvcache call adds on
+// top of them (out, lse and the kernel's split-KV workspace).
+struct KvCacheMemory {
+  std::string kernel;  // the kernel that ran ("auto" resolved)
+  int num_splits = 0;  // kvcache_splits: what the call used
+  int64_t k_cache_bytes = 0, v_cache_bytes = 0;
+  int64_t valid_key_bytes = 0;  // k and v rows the sequences attend to (after the append)
+  int64_t block_table_bytes = 0, cache_seqlens_bytes = 0;
+  int64_t new_rows_bytes = 0;   // k_new + v_new
+  int64_t workspace_bytes = 0;  // KernelVariant::kvcache_workspace_bytes at those splits
+  int64_t call_bytes = 0;       // peak allocated by one call above its inputs
+};
+KvCacheMemory measure_kvcache_memory(const KvCacheSpec& spec);
+std::string format_kvcache_memory(const KvCacheSpec& spec, const KvCacheMemory& memory);
 
 }  // namespace flashlab

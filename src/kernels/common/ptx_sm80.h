@@ -194,4 +194,22 @@ __device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) 
 #endif
 }
 
+// Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel
+// launched after this one on the same stream with
+// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled once
+// every block of this grid has called pdl_launch_dependents (or exited); it
+// calls pdl_wait_for_prerequisite_grid before touching this grid's results,
+// which returns when this grid has completed and its writes are visible. The
+// dependent's launch latency then hides under this grid's tail.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 }  // namespace flashlab::sm80

@@ -14,9 +14,9 @@ if(FLASHLAB_BUILD_PYTHON)
   target_link_libraries(flashlab_ops PRIVATE flashlab)
   set_target_properties(flashlab_ops PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/python"
-    # torch's libraries are loaded by `import torch` before this one; the rest
-    # (cudart) are found where the build found them.
-    INSTALL_RPATH_USE_LINK_PATH ON)
+    # torch's libraries are loaded by `import torch` before this one; cudart is
+    # found where the build found it.
+    INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR}")
   install(TARGETS flashlab_ops LIBRARY DESTINATION flashlab COMPONENT python)
 
   if(FLASHLAB_BUILD_TESTS)

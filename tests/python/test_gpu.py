@@ -125,7 +125,7 @@ def test_flash_attn_output(dtype, head_dim, seqlens, causal, local, mha_type, de
                                       deterministic=deterministic, return_attn_probs=True)
     assert probs is None and out.shape == q.shape and lse.shape == (batch, HEADS, seqlen_q)
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=deterministic)
     check_forward_backward(dtype, out, lse, (q, k, v),
                            lambda q, k, v: attention_ref(q, k, v, causal=causal, window=window),
                            grads, dout)
@@ -168,7 +168,7 @@ def test_flash_attn_varlen_output(dtype, head_dim, seqlens, causal, local, mha_t
                                          deterministic=deterministic, return_attn_probs=True)
     assert out.shape == q.shape and lse.shape == (HEADS, q.shape[0])
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
+    grads = torch.autograd.grad(out, (q, k, v), dout, retain_graph=deterministic)
     check_forward_backward(
         dtype, out, lse, (q, k, v),
         lambda q, k, v: varlen_attention_ref(q, k, v, cu_q, cu_k, causal=causal, window=window),

@@ -141,36 +141,39 @@ std::vector<std::string> kernels() {
 }  // namespace
 }  // namespace flashlab::python
 
+// The kernel choice is `kernel_name`, not `kernel`: Inductor lowers these ops
+// through FallbackKernel.create(kernel, ...), and a schema argument named
+// `kernel` collides with it under torch.compile (seen on the H100, torch 2.11).
 TORCH_LIBRARY(flashlab, m) {
   const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel=\"auto\") "
+      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
       "-> (Tensor out, Tensor lse)",
       tags);
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel=\"auto\") "
+      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
       "-> (Tensor out, Tensor lse)",
       tags);
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-      "bool deterministic=False, str kernel=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      "bool deterministic=False, str kernel_name=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
       tags);
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-      "bool deterministic=False, str kernel=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      "bool deterministic=False, str kernel_name=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
       tags);
   // k_cache and v_cache are written in place when k and v are given.
   m.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, "
       "Tensor? v=None, Tensor? cache_seqlens=None, Tensor? block_table=None, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-      "int num_splits=0, str kernel=\"auto\") -> (Tensor out, Tensor lse)",
+      "int num_splits=0, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
       tags);
   m.def("kernels() -> str[]", &flashlab::python::kernels);
 }

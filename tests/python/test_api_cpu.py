@@ -78,24 +78,24 @@ def test_the_registry_lists_the_kernels_with_their_passes():
 
 SCHEMAS = {
     "fwd": "flashlab::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-           "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel=\"auto\") "
+           "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
            "-> (Tensor out, Tensor lse)",
     "varlen_fwd": "flashlab::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
                   "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, "
                   "bool causal=False, int window_left=-1, int window_right=-1, bool deterministic=False, "
-                  "str kernel=\"auto\") -> (Tensor out, Tensor lse)",
+                  "str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
     "bwd": "flashlab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-           "bool deterministic=False, str kernel=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+           "bool deterministic=False, str kernel_name=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
     "varlen_bwd": "flashlab::varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
                   "Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
                   "int max_seqlen_k, float? softmax_scale=None, bool causal=False, int window_left=-1, "
-                  "int window_right=-1, bool deterministic=False, str kernel=\"auto\") "
+                  "int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
                   "-> (Tensor dq, Tensor dk, Tensor dv)",
     "fwd_kvcache": "flashlab::fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
                    "Tensor? k=None, Tensor? v=None, Tensor? cache_seqlens=None, "
                    "Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
-                   "int window_left=-1, int window_right=-1, int num_splits=0, str kernel=\"auto\") "
+                   "int window_left=-1, int window_right=-1, int num_splits=0, str kernel_name=\"auto\") "
                    "-> (Tensor out, Tensor lse)",
 }
 

@@ -26,7 +26,7 @@ def _new_contiguous(like: torch.Tensor, shape=None, dtype=None) -> torch.Tensor:
 
 @torch.library.register_fake("flashlab::fwd")
 def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1,
-              deterministic=False, kernel="auto"):
+              deterministic=False, kernel_name="auto"):
     batch, seqlen_q, heads, _ = q.shape
     return _new_contiguous(q), _new_contiguous(q, (batch, heads, seqlen_q), torch.float32)
 
@@ -34,28 +34,28 @@ def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_
 @torch.library.register_fake("flashlab::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale=None, causal=False, window_left=-1, window_right=-1,
-                     deterministic=False, kernel="auto"):
+                     deterministic=False, kernel_name="auto"):
     total_q, heads, _ = q.shape
     return _new_contiguous(q), _new_contiguous(q, (heads, total_q), torch.float32)
 
 
 @torch.library.register_fake("flashlab::bwd")
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_left=-1,
-              window_right=-1, deterministic=False, kernel="auto"):
+              window_right=-1, deterministic=False, kernel_name="auto"):
     return _new_contiguous(q), _new_contiguous(k), _new_contiguous(v)
 
 
 @torch.library.register_fake("flashlab::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale=None, causal=False, window_left=-1,
-                     window_right=-1, deterministic=False, kernel="auto"):
+                     window_right=-1, deterministic=False, kernel_name="auto"):
     return _new_contiguous(q), _new_contiguous(k), _new_contiguous(v)
 
 
 @torch.library.register_fake("flashlab::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                       softmax_scale=None, causal=False, window_left=-1, window_right=-1,
-                      num_splits=0, kernel="auto"):
+                      num_splits=0, kernel_name="auto"):
     # k_cache and v_cache are written in place (the schema's Tensor(a!)): no output aliases them.
     batch, seqlen_q, heads, _ = q.shape
     return _new_contiguous(q), _new_contiguous(q, (batch, heads, seqlen_q), torch.float32)

@@ -226,8 +226,9 @@ struct KvCacheCheckResult {
   std::string to_json() const;
 };
 
-// The whole check on GPU 0. Timing (check_options.timed_launches) comes after
-// the comparison: a timed launch appends the same rows again.
+// The whole check on GPU 0. Timing (check_options.timed_launches: launches
+// through run_kvcache_kernel, without the host checks) comes after the
+// comparison: a timed launch appends the same rows again.
 KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options = {});
 
 }  // namespace flashlab

@@ -2,13 +2,13 @@
 # One call on a GPU machine: set-up, configure + build (release), the test
 # suite, the acceptance run and a benchmark, with logs under $OUT (or ./gpu-logs).
 # Usage: scripts/gpu_session.sh [step...]
-#   steps: build test run info trace memory sanitizer debug ncu bench sweep decode
+#   steps: build test run kvcache info trace memory sanitizer debug ncu bench sweep decode
 #   (default: all but ncu and decode)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
-steps=${*:-build test run info trace memory sanitizer debug bench sweep}
+steps=${*:-build test run kvcache info trace memory sanitizer debug bench sweep}
 jobs=$(nproc)
 status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
@@ -46,6 +46,46 @@ if has run; then
       2>&1 | tee "$out/run_$kernel.log" | tail -n 14
     echo "exit code ${PIPESTATUS[0]}"
   done
+fi
+
+if has kvcache; then
+  section "kvcache: decoding acceptance problems, the KV-cache GPU tests, compute-sanitizer"
+  start=$(date +%s)
+  # Decode steps: batch 1 and 8, 32/8 heads, head_dim 128, bf16, an 8k cache with one
+  # row appended, paged (pages of 256) and contiguous.
+  for problem in "--batch 1 --page-size 256" "--batch 8 --page-size 256" "--batch 1" "--batch 8"; do
+    echo "--- $problem"
+    build/release/flashlab-run --kvcache --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --seqlen-k 8192 \
+      --cache-seqlens 8191 --append 1 --seed 2024 $problem --json 2>&1 | tee "$out/kvcache_${problem// /_}.log" | tail -n 13
+    echo "exit code ${PIPESTATUS[0]}"
+  done
+  # Ragged lengths (random under 8k) with a speculative step (4 query rows, causal, 4 appended).
+  build/release/flashlab-run --kvcache --batch 8 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --seqlen-k 8192 \
+    --cache-seqlens random --seqlen-q 4 --causal --append 4 --page-size 256 --seed 7 2>&1 | tail -n 13
+  echo "exit code ${PIPESTATUS[0]}"
+  build/release/flashlab-run --kvcache --batch 8 --heads 32 --kv-heads 8 --head-dim 128 --dtype bf16 --seqlen-k 8192 \
+    --cache-seqlens 8191 --append 1 --page-size 256 --seed 2024 --memory 2>&1 | tail -n 11
+  # The KV-cache GPU tests alone (the test step's shards run them too), with their time.
+  build/release/tests/flashlab_gpu_tests --gtest_filter='*KvCache*' > "$out/kvcache_tests.log" 2>&1 || status=1
+  grep -E "^\[  FAILED  \]|^\[  PASSED  \]|^\[  SKIPPED \]|tests? from .* ran" "$out/kvcache_tests.log" | head -n 30
+  # compute-sanitizer on one small problem: paged (pages of 16), ragged lengths, an
+  # append across a page boundary, 3 splits (the combine kernel runs); flashlab's kernels only.
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck synccheck; do
+    "$sanitizer" --tool $tool --kernel-name kns=flashlab --error-exitcode 99 --print-limit 10 \
+      build/release/flashlab-run --kvcache --kernel fa2_mma_sm80 --batch 3 --heads 8 --kv-heads 2 --head-dim 128 \
+      --dtype bf16 --seqlen-q 2 --causal --seqlen-k 512 --cache-seqlens 0,14,300 --page-size 16 --append 3 \
+      --num-splits 3 --seed 5 --repeat 0 > "$out/kvcache_$tool.log" 2>&1
+    code=$?
+    if [ "$tool" = racecheck ]; then clean="RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+    else clean="ERROR SUMMARY: 0 errors"; fi
+    echo "$tool: exit $code, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/kvcache_$tool.log" | head -n 1)"
+    if [ $code -ne 0 ] || ! grep -qF "$clean" "$out/kvcache_$tool.log"; then
+      status=1
+      grep -E "^========= +(Invalid|Race|Barrier|Error|Warning|at |by thread)|PASSED|FAILED" "$out/kvcache_$tool.log" | head -n 12
+    fi
+  done
+  echo "kvcache: $(( $(date +%s) - start )) s"
 fi
 
 if has info; then

@@ -1,8 +1,8 @@
 // Decoding with a KV cache: input validation, kernel selection and the launch
-// (attention.h). Checks run in the forward's order, structure (no device),
-// then the kernel, then the device and the values of cache_seqlens and
-// block_table (copied to the host), so that nothing is written to the cache
-// unless the whole call is valid.
+// (attention.h). Checks run in the forward's order: structure and one device
+// (no device access), then the kernel, the output buffers, the values of
+// cache_seqlens and block_table (copied to the host), and last that the device
+// is a CUDA one; nothing is written to the cache unless the whole call is valid.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -124,7 +124,7 @@ void check_kvcache_structure(const at::Tensor& q, const at::Tensor& k_cache, con
               options.num_splits);
 }
 
-// Every tensor on q's device, and that device a CUDA one.
+// Every tensor on q's device (before any data_ptr is taken).
 void check_kvcache_devices(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const KvCacheOptions& options) {
   const auto on_q_device = [&](const char* name, const at::Tensor& tensor) {
@@ -139,7 +139,6 @@ void check_kvcache_devices(const at::Tensor& q, const at::Tensor& k_cache, const
     on_q_device("k", *options.k_new);
     on_q_device("v", *options.v_new);
   }
-  TORCH_CHECK(q.is_cuda(), "q, k_cache and v_cache must be on a CUDA device; got ", q.device());
 }
 
 // The lengths and page entries, read on the host: every sequence's keys (its
@@ -308,12 +307,13 @@ void attention_with_kvcache_into(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& out,
                                  const at::Tensor& lse, const KvCacheOptions& options) {
   check_kvcache_structure(q, k_cache, v_cache, options);
+  check_kvcache_devices(q, k_cache, v_cache, options);
   const KvCacheParams probe = make_kvcache_params(q, k_cache, v_cache, at::Tensor(), at::Tensor(), options);
   const KernelVariant& kernel = select_kvcache_kernel(probe, options.kernel, HeadDimPadding::allowed);
   detail::check_output_buffers(q, out, lse, {q.size(0), q.size(2), q.size(1)},
                                "(batch, heads, seqlen_q)");
-  check_kvcache_devices(q, k_cache, v_cache, options);
-  check_kvcache_values(k_cache, options, q.size(0));
+  check_kvcache_values(k_cache, options, q.size(0));  // host copies: CPU tensors work too
+  TORCH_CHECK(q.is_cuda(), "q, k_cache and v_cache must be on a CUDA device; got ", q.device());
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t head_dim = q.size(3);
   const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));

@@ -395,36 +395,59 @@ __global__ void __launch_bounds__(Tr::kThreads)
 }
 
 // One warp per (batch, head, query row): the LSE-weighted sum of the splits.
+// The lanes read the splits' LSEs side by side (lane l: splits l, l + 32, ...)
+// and reduce them with shuffles, and the weights go through shared memory, so
+// a row costs a few dependent L2 round trips rather than three per split (a
+// batch-1 decode step has 16-32 splits and only a handful of warps here).
 template <typename Element, int HeadDim>
 __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, const float* lse_partial,
                                int num_splits) {
   constexpr int kWarpsPerBlock = 4;
+  __shared__ float split_weight[kWarpsPerBlock][kMaxKvSplits];
   pdl_wait_for_prerequisite_grid();  // the split kernel's partials are complete and visible
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= rows) return;
   const int query = static_cast<int>(row % p.seqlen_q);
   const int head = static_cast<int>(row / p.seqlen_q % p.heads);
   const int batch = static_cast<int>(row / (static_cast<int64_t>(p.seqlen_q) * p.heads));
 
+  constexpr int kSplitsPerLane = kMaxKvSplits / 32;
+  float split_lse[kSplitsPerLane];
   float max_lse = -INFINITY;
-  for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, lse_partial[s * rows + row]);
-  float sum = 0.f;
-  for (int s = 0; s < num_splits; ++s) {
-    const float lse = lse_partial[s * rows + row];
-    sum += lse == -INFINITY ? 0.f : expf(lse - max_lse);
+#pragma unroll
+  for (int i = 0; i < kSplitsPerLane; ++i) {
+    const int s = lane + i * 32;
+    split_lse[i] = s < num_splits ? lse_partial[s * rows + row] : -INFINITY;
+    max_lse = fmaxf(max_lse, split_lse[i]);
   }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kSplitsPerLane; ++i)
+    sum += split_lse[i] == -INFINITY ? 0.f : expf(split_lse[i] - max_lse);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   // No split saw a key: out 0, lse -inf (the forward's fully masked row).
   const float lse = sum > 0.f ? max_lse + logf(sum) : -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kSplitsPerLane; ++i) {
+    const int s = lane + i * 32;
+    // A split with no visible key (lse -inf) weighs 0 and its partial (zeros) is skipped.
+    if (s < num_splits) split_weight[warp][s] = split_lse[i] == -INFINITY ? 0.f : expf(split_lse[i] - lse);
+  }
+  __syncwarp();
+
   Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + query * p.out_row_stride +
                  head * p.out_head_stride;
   for (int col = lane * 4; col < HeadDim; col += 32 * 4) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
     for (int s = 0; s < num_splits; ++s) {
-      const float split_lse = lse_partial[s * rows + row];
-      if (split_lse == -INFINITY) continue;
-      const float weight = expf(split_lse - lse);
+      const float weight = split_weight[warp][s];
       const float4 o = *reinterpret_cast<const float4*>(o_partial + (s * rows + row) * HeadDim + col);
       acc.x += weight * o.x;
       acc.y += weight * o.y;

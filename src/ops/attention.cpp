@@ -128,14 +128,8 @@ namespace {
 // run_kernel once the kernel is known to take params.
 void launch_checked(const KernelVariant& kernel, AttentionParams params) {
   if (params.seqlen_q == 0 || params.batch == 0) return;  // no row to write, no grid to launch
-  if (params.stream == nullptr)
-    params.stream = c10::cuda::getCurrentCUDAStream(c10::cuda::current_device()).stream();
-  at::Tensor workspace;  // freed when this returns (see allocate_workspace)
-  if (kernel.workspace_bytes != nullptr) {
-    params.workspace_bytes = kernel.workspace_bytes(params);
-    workspace = detail::allocate_workspace(params.workspace_bytes, params.stream);
-    params.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  }
+  // Freed when this returns (see allocate_workspace).
+  const at::Tensor workspace = detail::prepare_launch(params, kernel.workspace_bytes);
   kernel.launch(params);
 }
 

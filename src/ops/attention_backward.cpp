@@ -75,8 +75,7 @@ size_t element_bytes(DataType dtype) { return dtype == DataType::float32 ? 4 : 2
 
 // run_backward_kernel once the kernel is known to take params.
 void launch_backward_checked(const KernelVariant& kernel, AttentionBackwardParams params) {
-  if (params.stream == nullptr)
-    params.stream = c10::cuda::getCurrentCUDAStream(c10::cuda::current_device()).stream();
+  params.stream = detail::stream_or_current(params.stream);
   const auto stream = static_cast<cudaStream_t>(params.stream);
   if (params.batch == 0 || params.seqlen_q == 0 || params.seqlen_k == 0) {
     // Nothing to launch, but every gradient that has rows must read 0: with no
@@ -103,12 +102,8 @@ void launch_backward_checked(const KernelVariant& kernel, AttentionBackwardParam
   params.dq_accum = nullptr;
   params.workspace = nullptr;
   params.workspace_bytes = 0;
-  at::Tensor workspace;  // freed when this returns (see allocate_workspace)
-  if (kernel.backward_workspace_bytes != nullptr) {
-    params.workspace_bytes = kernel.backward_workspace_bytes(params);
-    workspace = detail::allocate_workspace(params.workspace_bytes, params.stream);
-    params.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  }
+  // Freed when this returns (see allocate_workspace).
+  const at::Tensor workspace = detail::prepare_launch(params, kernel.backward_workspace_bytes);
   kernel.backward_launch(params);
 }
 

@@ -292,14 +292,8 @@ void run_kvcache_kernel(const KernelVariant& kernel, const KvCacheParams& params
               "run_kvcache_kernel needs q, k_cache, v_cache and out pointers");
   if (params.batch == 0 || params.seqlen_q == 0) return;
   KvCacheParams launched = params;
-  if (launched.stream == nullptr)
-    launched.stream = c10::cuda::getCurrentCUDAStream(c10::cuda::current_device()).stream();
-  at::Tensor workspace;  // freed when this returns (allocate_workspace records the stream)
-  if (kernel.kvcache_workspace_bytes != nullptr) {
-    launched.workspace_bytes = kernel.kvcache_workspace_bytes(launched);
-    workspace = detail::allocate_workspace(launched.workspace_bytes, launched.stream);
-    launched.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  }
+  // Freed when this returns (allocate_workspace records the stream).
+  const at::Tensor workspace = detail::prepare_launch(launched, kernel.kvcache_workspace_bytes);
   kernel.kvcache_launch(launched);
 }
 

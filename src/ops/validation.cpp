@@ -271,4 +271,9 @@ at::Tensor allocate_workspace(size_t bytes, void* stream) {
   return workspace;
 }
 
+void* stream_or_current(void* stream) {
+  if (stream != nullptr) return stream;
+  return c10::cuda::getCurrentCUDAStream(c10::cuda::current_device()).stream();
+}
+
 }  // namespace flashlab::detail

@@ -112,4 +112,24 @@ int device_compute_capability(const at::Tensor& q);
 // the memory is not handed out again before that stream's work is done.
 at::Tensor allocate_workspace(size_t bytes, void* stream);
 
+// `stream`, or the current device's current stream when it is null.
+void* stream_or_current(void* stream);
+
+// The launch set-up a forward, backward or KV-cache launch shares: params.stream
+// set to the current stream when null, then, when the kernel has a workspace
+// hook (`workspace_bytes`, nullptr: none), params.workspace_bytes from it and
+// params.workspace allocated (allocate_workspace). The returned tensor holds the
+// workspace: keep it until the launch returns.
+template <class Params, class WorkspaceBytes>
+[[nodiscard]] at::Tensor prepare_launch(Params& params, WorkspaceBytes workspace_bytes) {
+  params.stream = stream_or_current(params.stream);
+  at::Tensor workspace;
+  if (workspace_bytes != nullptr) {
+    params.workspace_bytes = workspace_bytes(params);
+    workspace = allocate_workspace(params.workspace_bytes, params.stream);
+    params.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
+  }
+  return workspace;
+}
+
 }  // namespace flashlab::detail

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "flashlab/kernel_registry.h"
 #include "flashlab/harness/arguments.h"
@@ -317,14 +318,17 @@ int run_tile_trace(const Arguments& arguments) {
   return report.matches() ? kExitPass : kExitMismatch;
 }
 
-// --kvcache: the decoding call against the reference, and the caches. Exit codes
-// as for the forward.
-int run_kvcache_check(const Arguments& arguments) {
-  flashlab::KvCacheCheckResult result;
+// Runs `check` (a harness check: forward, backward or KV cache) and reports its
+// result (format(), and to_json() with --json). Exit codes: kExitBadArguments
+// for input validation (c10::Error: the problem or kernel choice is not
+// runnable as given), kExitMismatch for any other failure (a CUDA error during
+// the launch or the check: the kernel is broken) or a failed check, kExitPass
+// when it passed.
+template <class Check>
+int run_and_report(const Arguments& arguments, const Check& check) {
+  std::invoke_result_t<const Check&> result;
   try {
-    flashlab::CheckOptions options;
-    options.timed_launches = arguments.repeat;
-    result = flashlab::check_kvcache(arguments.kvcache_spec, options);
+    result = check();
   } catch (const c10::Error& error) {
     std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
     return kExitBadArguments;
@@ -337,25 +341,34 @@ int run_kvcache_check(const Arguments& arguments) {
   return result.passed() ? kExitPass : kExitMismatch;
 }
 
+// --kvcache: the decoding call against the reference, and the caches. Exit codes
+// as for the forward.
+int run_kvcache_check(const Arguments& arguments) {
+  return run_and_report(arguments, [&] {
+    flashlab::CheckOptions options;
+    options.timed_launches = arguments.repeat;
+    return flashlab::check_kvcache(arguments.kvcache_spec, options);
+  });
+}
+
 // --backward: the kernel's forward, then its backward; out, lse, dq, dk, dv
 // against the reference. Exit codes as for the forward.
 int run_backward_check(const Arguments& arguments) {
-  flashlab::BackwardCheckResult result;
-  try {
+  return run_and_report(arguments, [&] {
     flashlab::BackwardCheckOptions options;
     options.deterministic = arguments.deterministic;
     options.timed_launches = arguments.repeat;
-    result = flashlab::check_backward(arguments.spec, options);
-  } catch (const c10::Error& error) {
-    std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
-    return kExitBadArguments;
-  } catch (const std::exception& error) {
-    std::cerr << "flashlab-run: kernel run failed: " << error.what() << "\n";
-    return kExitMismatch;
-  }
-  std::cout << result.format();
-  if (arguments.json) std::cout << result.to_json() << "\n";
-  return result.passed() ? kExitPass : kExitMismatch;
+    return flashlab::check_backward(arguments.spec, options);
+  });
+}
+
+// The forward: the kernel against the reference.
+int run_forward_check(const Arguments& arguments) {
+  return run_and_report(arguments, [&] {
+    flashlab::CheckOptions options;
+    options.timed_launches = arguments.repeat;
+    return flashlab::check_kernel(arguments.spec, options);
+  });
 }
 
 }  // namespace
@@ -429,21 +442,5 @@ int main(int argc, char** argv) {
   }
   if (arguments.kvcache) return run_kvcache_check(arguments);
   if (arguments.backward) return run_backward_check(arguments);
-  flashlab::CheckResult result;
-  try {
-    flashlab::CheckOptions options;
-    options.timed_launches = arguments.repeat;
-    result = flashlab::check_kernel(arguments.spec, options);
-  } catch (const c10::Error& error) {
-    // Input validation: the problem or kernel choice is not runnable as given.
-    std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
-    return kExitBadArguments;
-  } catch (const std::exception& error) {
-    // A CUDA error during the launch or the check: the kernel is broken.
-    std::cerr << "flashlab-run: kernel run failed: " << error.what() << "\n";
-    return kExitMismatch;
-  }
-  std::cout << result.format();
-  if (arguments.json) std::cout << result.to_json() << "\n";
-  return result.passed() ? kExitPass : kExitMismatch;
+  return run_forward_check(arguments);
 }

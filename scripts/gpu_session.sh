@@ -68,23 +68,11 @@ if has kvcache; then
   # The KV-cache GPU tests alone (the test step's shards run them too), with their time.
   build/release/tests/flashlab_gpu_tests --gtest_filter='*KvCache*' > "$out/kvcache_tests.log" 2>&1 || status=1
   grep -E "^\[  FAILED  \]|^\[  PASSED  \]|^\[  SKIPPED \]|tests? from .* ran" "$out/kvcache_tests.log" | head -n 30
-  # compute-sanitizer on one small problem: paged (pages of 16), ragged lengths, an
-  # append across a page boundary, 3 splits (the combine kernel runs); flashlab's kernels only.
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck synccheck; do
-    "$sanitizer" --tool $tool --kernel-name kns=flashlab --error-exitcode 99 --print-limit 10 \
-      build/release/flashlab-run --kvcache --kernel fa2_mma_sm80 --batch 3 --heads 8 --kv-heads 2 --head-dim 128 \
-      --dtype bf16 --seqlen-q 2 --causal --seqlen-k 512 --cache-seqlens 0,14,300 --page-size 16 --append 3 \
-      --num-splits 3 --seed 5 --repeat 0 > "$out/kvcache_$tool.log" 2>&1
-    code=$?
-    if [ "$tool" = racecheck ]; then clean="RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
-    else clean="ERROR SUMMARY: 0 errors"; fi
-    echo "$tool: exit $code, $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/kvcache_$tool.log" | head -n 1)"
-    if [ $code -ne 0 ] || ! grep -qF "$clean" "$out/kvcache_$tool.log"; then
-      status=1
-      grep -E "^========= +(Invalid|Race|Barrier|Error|Warning|at |by thread)|PASSED|FAILED" "$out/kvcache_$tool.log" | head -n 12
-    fi
-  done
+  # compute-sanitizer memcheck, racecheck and synccheck on the KV-cache sanitizer cases (paged
+  # pages of 16 with ragged lengths incl. 0, an append across a page boundary, 3 splits; a
+  # contiguous one filled to capacity, 2 splits): the sanitizer step's sanitizer_kvcache_* tests.
+  ctest --preset release -R '^sanitizer_kvcache_' -j 1 --timeout 600 -V > "$out/kvcache_sanitizer.log" 2>&1 || status=1
+  grep -E ": [0-9]+ runs|FAIL |=========  |tests passed|tests failed" "$out/kvcache_sanitizer.log" | sed "s/^[0-9]*: //" | head -n 20
   echo "kvcache: $(( $(date +%s) - start )) s"
 fi
 
@@ -119,9 +107,10 @@ fi
 if has sanitizer; then
   section "compute-sanitizer"
   start=$(date +%s)
-  # One tool at a time: on the H100 racecheck alone takes about 180 s (212 s beside memcheck).
+  # One test at a time: on the H100 the forward's racecheck alone takes about 180 s (212 s
+  # beside memcheck); then the backward's and the KV-cache path's memcheck, racecheck, synccheck.
   ctest --preset release -L sanitizer -j 1 --timeout 900 -V > "$out/sanitizer.log" 2>&1 || status=1
-  grep -E ": [0-9]+ runs|FAIL |=========  |tests passed|tests failed" "$out/sanitizer.log" | sed "s/^[0-9]*: //" | head -n 40
+  grep -E ": [0-9]+ runs|FAIL |=========  |tests passed|tests failed" "$out/sanitizer.log" | sed "s/^[0-9]*: //" | head -n 60
   grep -m 2 "ok   racecheck" "$out/sanitizer.log" | sed 's/^[0-9]*: //'
   echo "sanitizer: $(( $(date +%s) - start )) s"
 fi

@@ -19,7 +19,7 @@ struct CoverageFloor {
       properties = -1, sanitizer = -1;
   // The backward matrices (0 for a kernel without a backward pass).
   int backward = -1, backward_head_dims = -1, backward_sliding_window = -1, backward_varlen = -1,
-      backward_masked = -1, backward_determinism = -1;
+      backward_masked = -1, backward_determinism = -1, backward_sanitizer = -1;
   int compute_capability = 90;  // the device the counts are taken for
 
   int of(const std::string& matrix) const;  // -2 for a matrix without a field here

@@ -569,6 +569,51 @@ std::vector<KernelCase> backward_determinism_cases(int compute_capability, const
   return cases;
 }
 
+std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const Kernels& kernels) {
+  // Each run is a forward and a backward under the tool (fa2: preprocess, main
+  // and convert kernels; fa1: preprocess, dk/dv and dq), so few and tiny: the
+  // head dims whose tiles differ most (64, 128), ragged last tiles (113, 203),
+  // GQA, causal, a window, a varlen batch with empty sequences, and the
+  // deterministic mode's per-split dq slots on several key blocks.
+  struct Shape {
+    std::string label;
+    at::ScalarType dtype;
+    int head_dim, batch, heads, kv_heads, seqlen_q, seqlen_k;
+    bool causal;
+    int window_left, window_right;
+    bool varlen, deterministic;
+  };
+  const auto fp16 = at::kHalf, bf16 = at::kBFloat16;
+  const std::vector<Shape> shapes = {
+      {"fp16_d64_q113_k203", fp16, 64, 1, 2, 1, 113, 203, false, -1, -1, false, false},
+      {"bf16_d128_b2_q7_k113_kv2_causal", bf16, 128, 2, 4, 2, 7, 113, true, -1, -1, false, false},
+      {"bf16_d64_q203_k113_w17_33", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false},
+      {"fp16_d128_varlen_causal", fp16, 128, 1, 2, 1, 113, 203, true, -1, -1, true, false},  // lengths below
+      {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},
+  };
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    if (kernel.backward_launch == nullptr) continue;
+    for (const Shape& shape : shapes) {
+      ProblemSpec spec;
+      spec.batch = shape.batch, spec.heads = shape.heads, spec.kv_heads = shape.kv_heads;
+      spec.seqlen_q = shape.seqlen_q, spec.seqlen_k = shape.seqlen_k;
+      if (shape.varlen) {
+        spec.seqlens_q = {5, 0, 113};
+        spec.seqlens_k = {203, 7, 0};
+      }
+      spec.head_dim = shape.head_dim;
+      spec.dtype = shape.dtype;
+      spec.causal = shape.causal;
+      spec.window_left = shape.window_left, spec.window_right = shape.window_right;
+      const size_t before = cases.size();
+      add_if_backward_supported(cases, kernel, shape.label, spec, compute_capability);
+      if (cases.size() > before) cases.back().deterministic = shape.deterministic;
+    }
+  }
+  return cases;
+}
+
 const std::vector<CaseMatrix>& case_matrices() {
   static const std::vector<CaseMatrix> matrices = {
       {"Correctness", correctness_cases},
@@ -584,6 +629,7 @@ const std::vector<CaseMatrix>& case_matrices() {
       {"BackwardVarlen", backward_varlen_cases},
       {"BackwardMasked", backward_masked_cases},
       {"BackwardDeterminism", backward_determinism_cases},
+      {"BackwardSanitizer", backward_sanitizer_cases},
   };
   return matrices;
 }
@@ -609,6 +655,11 @@ std::string flashlab_run_arguments(const ProblemSpec& spec) {
   if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
   if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
   return text.str();
+}
+
+std::string flashlab_run_arguments(const KernelCase& kernel_case) {
+  return flashlab_run_arguments(kernel_case.spec) + (kernel_case.backward ? " --backward" : "") +
+         (kernel_case.deterministic ? " --deterministic" : "");
 }
 
 }  // namespace flashlab::testing

@@ -28,6 +28,8 @@ struct KernelCase {
   bool backward = false;
   // Repeated-run properties (determinism): how many runs to compare.
   int runs = 0;
+  // A backward case that runs the deterministic backward (flashlab-run --deterministic).
+  bool deterministic = false;
 };
 void PrintTo(const KernelCase& kernel_case, std::ostream* stream);  // GoogleTest prints specs
 
@@ -71,6 +73,11 @@ std::vector<KernelCase> backward_masked_cases(int compute_capability = 0, const 
 // bitwise determinism: one case per 16-bit dtype (50 runs) and a batch-60
 // stress case (10 runs); KernelCase::runs says how many
 std::vector<KernelCase> backward_determinism_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// compute-sanitizer over the backward (flashlab-run --backward): head dims 64
+// and 128 on small odd shapes (GQA, causal, a window, a varlen batch with
+// empty sequences), one 16-bit dtype each; one case runs the deterministic
+// backward (KernelCase::deterministic)
+std::vector<KernelCase> backward_sanitizer_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 
 struct CaseMatrix {
   std::string name;  // also the GoogleTest instantiation name
@@ -90,5 +97,7 @@ const char* dtype_label(at::ScalarType dtype);  // fp32, fp16, bf16
 
 // flashlab-run options for a spec (kernel, shape, dtype, masks, layout; no seed).
 std::string flashlab_run_arguments(const ProblemSpec& spec);
+// The same for a case: plus --backward (and --deterministic) for a backward case.
+std::string flashlab_run_arguments(const KernelCase& kernel_case);
 
 }  // namespace flashlab::testing

@@ -161,12 +161,35 @@ std::vector<KvCacheCase> kvcache_append_cases(int compute_capability, const Kern
   return cases;
 }
 
+std::vector<KvCacheCase> kvcache_sanitizer_cases(int compute_capability, const Kernels& kernels) {
+  std::vector<KvCacheCase> cases;
+  for (const auto& kernel : kernels) {
+    // Paged: 14 + 3 rows cross the first page boundary; 2 causal query rows
+    // against 8/2 heads; 3 splits of each sequence's keys (the empty one's too).
+    KvCacheSpec paged = spec_of({"", at::kBFloat16, 128, 2, 8, 2, true, 16, 3, false});
+    paged.cache_seqlens = {0, 14, 300};
+    paged.batch = 3;
+    paged.capacity = 512;
+    paged.num_splits = 3;
+    add_if_supported(cases, kernel, "bf16_d128_q2_h8_2_causal_paged16_new3_splits3", paged, compute_capability);
+    // Contiguous: one row appended into the last free row of a 256-row cache, 2 splits.
+    KvCacheSpec contiguous = spec_of({"", at::kHalf, 128, 1, 8, 2, false, 0, 1, false});
+    contiguous.cache_seqlens = {255, 0, 7};
+    contiguous.batch = 3;
+    contiguous.capacity = 256;
+    contiguous.num_splits = 2;
+    add_if_supported(cases, kernel, "fp16_d128_q1_h8_2_contiguous_new1_splits2", contiguous, compute_capability);
+  }
+  return cases;
+}
+
 const std::vector<KvCacheCaseMatrix>& kvcache_case_matrices() {
   static const std::vector<KvCacheCaseMatrix> matrices = {
       {"KvCacheReference", kvcache_reference_cases},
       {"KvCacheLayouts", kvcache_layout_cases},
       {"KvCacheSplits", kvcache_split_cases},
       {"KvCacheAppend", kvcache_append_cases},
+      {"KvCacheSanitizer", kvcache_sanitizer_cases},
   };
   return matrices;
 }

@@ -41,6 +41,13 @@ std::vector<KvCacheCase> kvcache_split_cases(int compute_capability = 0,
 std::vector<KvCacheCase> kvcache_append_cases(int compute_capability = 0,
                                               const Kernels& kernels = registered_kernels());
 
+// compute-sanitizer over the KV-cache path (flashlab-run --kvcache): small
+// problems, head_dim 128, ragged lengths with an empty cache, appends (one
+// across a page boundary, one filling the cache) and num_splits > 1, so the
+// append, split and combine kernels all run; paged (pages of 16) and contiguous.
+std::vector<KvCacheCase> kvcache_sanitizer_cases(int compute_capability = 0,
+                                                 const Kernels& kernels = registered_kernels());
+
 struct KvCacheCaseMatrix {
   std::string name;  // also the GoogleTest instantiation name
   KvCacheCaseGenerator generate;

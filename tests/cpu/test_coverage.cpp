@@ -2,16 +2,22 @@
 // GPU fixtures and the sanitizer use: every registered kernel keeps its floor of
 // cases (an over-strict unsupported_reason cannot shrink coverage unnoticed),
 // the sanitizer covers every head dim and 16-bit dtype of every kernel within
-// its time budget, and the probed head dims include every one a kernel lists.
+// its time budget (and every backward and KV-cache path, with the kernels the
+// sanitizer's name filter keeps), and the probed head dims include every one a
+// kernel lists.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <regex>
 #include <set>
 
 #include "coverage_floors.h"
 #include "kernel_cases.h"
+#include "kvcache_cases.h"
 #include "test_support.h"
 
 namespace flashlab::testing {
@@ -195,6 +201,111 @@ TEST(SanitizerCases, ArgumentLinesNameTheProblem) {
     EXPECT_NE(line.find("--head-dim " + std::to_string(kernel_case.spec.head_dim)), std::string::npos) << line;
     EXPECT_NE(line.find(std::string("--dtype ") + dtype_label(kernel_case.spec.dtype)), std::string::npos) << line;
   }
+}
+
+TEST(SanitizerCases, CoverEveryBackwardAtHeadDims64And128AndItsDeterministicMode) {
+  // Every kernel with a backward: --backward at head dims 64 and 128 (where its
+  // backward takes them), each case tiny, and one --deterministic case.
+  const std::vector<KernelCase> cases = backward_sanitizer_cases();
+  int kernels = 0;
+  for (const auto& kernel : registered_kernels()) {
+    if (kernel.backward_launch == nullptr) {
+      for (const auto& kernel_case : cases) EXPECT_NE(kernel_case.kernel, kernel.name) << kernel_case.name;
+      continue;
+    }
+    ++kernels;
+    std::set<int> head_dims;
+    int deterministic = 0;
+    for (const auto& kernel_case : cases) {
+      if (kernel_case.kernel != kernel.name) continue;
+      EXPECT_TRUE(kernel_case.backward) << kernel_case.name;
+      const std::string line = flashlab_run_arguments(kernel_case);
+      EXPECT_EQ(line.rfind("--kernel " + kernel.name + " ", 0), 0u) << line;
+      EXPECT_NE(line.find(" --backward"), std::string::npos) << line;
+      EXPECT_EQ(line.find(" --deterministic") != std::string::npos, kernel_case.deterministic) << line;
+      head_dims.insert(kernel_case.spec.head_dim);
+      deterministic += kernel_case.deterministic;
+    }
+    for (const int head_dim : {64, 128}) EXPECT_TRUE(head_dims.count(head_dim)) << kernel.name << " head_dim " << head_dim;
+    EXPECT_EQ(deterministic, 1) << kernel.name << ": one --deterministic sanitizer case";
+  }
+  EXPECT_GT(kernels, 0) << "no registered kernel has a backward pass";
+  // A backward run costs about two or three forward runs under each tool.
+  EXPECT_LE(cases.size(), 15u) << "backward sanitizer runs per tool";
+  for (const auto& kernel_case : cases) {
+    const ProblemSpec& spec = kernel_case.spec;
+    int64_t query_rows = 0, key_rows = 0;
+    if (spec.is_varlen()) {
+      for (const int length : spec.seqlens_q) query_rows += length;
+      for (const int length : spec.key_seqlens()) key_rows += length;
+    } else {
+      query_rows = int64_t{spec.batch} * spec.seqlen_q;
+      key_rows = int64_t{spec.batch} * spec.seqlen_k;
+    }
+    EXPECT_LE(query_rows * key_rows * spec.heads, 1 << 17) << kernel_case.name << " is not tiny";
+  }
+}
+
+TEST(SanitizerCases, RunTheAppendSplitAndCombineKernelsOfEveryKvCachePath) {
+  // Every kernel with a KV-cache path: a paged case with an empty cache, an
+  // append across a page boundary and num_splits > 1, at head_dim 128.
+  const std::vector<KvCacheCase> cases = kvcache_sanitizer_cases();
+  int kernels = 0;
+  for (const auto& kernel : registered_kernels()) {
+    if (kernel.kvcache_launch == nullptr) continue;
+    ++kernels;
+    bool paged_across_a_page = false, contiguous = false;
+    for (const auto& kernel_case : cases) {
+      if (kernel_case.kernel != kernel.name) continue;
+      const KvCacheSpec& spec = kernel_case.spec;
+      EXPECT_EQ(spec.invalid_reason(), "") << kernel_case.name;
+      EXPECT_EQ(spec.head_dim, 128) << kernel_case.name;
+      EXPECT_GT(spec.num_splits, 1) << kernel_case.name << ": the combine kernel must run";
+      EXPECT_GT(spec.seqlen_new, 0) << kernel_case.name << ": the append kernel must run";
+      EXPECT_LE(int64_t{spec.batch} * spec.heads * spec.seqlen_q * spec.resolved_capacity(), 1 << 16)
+          << kernel_case.name << " is not tiny";
+      const std::string line = kvcache_run_arguments(spec);
+      EXPECT_EQ(line.rfind("--kvcache --kernel " + kernel.name + " ", 0), 0u) << line;
+      EXPECT_NE(line.find(" --num-splits " + std::to_string(spec.num_splits)), std::string::npos) << line;
+      const bool empty = std::count(spec.cache_seqlens.begin(), spec.cache_seqlens.end(), 0) > 0;
+      bool crosses = false;
+      for (const int length : spec.cache_seqlens)
+        crosses |= spec.paged() && length / spec.page_size != (length + spec.seqlen_new - 1) / spec.page_size;
+      paged_across_a_page |= spec.paged() && empty && crosses;
+      contiguous |= !spec.paged();
+    }
+    EXPECT_TRUE(paged_across_a_page) << kernel.name << ": no paged sanitizer case with an empty cache and an "
+                                                       "append across a page boundary";
+    EXPECT_TRUE(contiguous) << kernel.name << ": no contiguous KV-cache sanitizer case";
+  }
+  EXPECT_GT(kernels, 0) << "no registered kernel has a KV-cache path";
+  EXPECT_LE(cases.size(), 6u) << "KV-cache sanitizer runs per tool";
+}
+
+TEST(SanitizerCases, KernelsLiveInTheNamespaceTheKernelNameFilterKeeps) {
+  // run_sanitizer.sh instruments only kernels whose names hold "flashlab"
+  // (--kernel-name kns=flashlab): every __global__ in src/kernels must sit inside
+  // namespace flashlab, or its runs would pass with nothing checked.
+  const std::filesystem::path root = std::filesystem::path(FLASHLAB_SOURCE_DIR) / "src" / "kernels";
+  ASSERT_TRUE(std::filesystem::is_directory(root)) << root;
+  int kernels = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    const std::string extension = entry.path().extension().string();
+    if (extension != ".cu" && extension != ".cuh" && extension != ".in") continue;
+    std::ifstream file(entry.path());
+    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    const size_t opened = text.find("namespace flashlab");
+    for (size_t at = text.find("__global__"); at != std::string::npos; at = text.find("__global__", at + 1)) {
+      // Skip mentions in comments: the line up to the word has no "//".
+      const size_t line_start = text.rfind('\n', at) + 1;
+      if (text.substr(line_start, at - line_start).find("//") != std::string::npos) continue;
+      ++kernels;
+      EXPECT_TRUE(opened != std::string::npos && opened < at)
+          << entry.path() << ": a __global__ outside namespace flashlab at offset " << at
+          << "; compute-sanitizer's --kernel-name kns=flashlab would skip it";
+    }
+  }
+  EXPECT_GE(kernels, 9) << "the forward, backward and KV-cache kernels";
 }
 
 TEST(ProbeHeadDims, IncludeEveryHeadDimOfAKernelWithAList) {

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# compute-sanitizer TOOL over every registered kernel: every head dim and both
-# 16-bit dtypes each kernel takes, on small odd shapes (the case list comes from
-# the test generators: flashlab_sanitizer_cases). Fails when the tool reports any
-# error in its summary, not only on a non-zero exit, when a case fails its
-# check, and when the runs take longer than the budget (FLASHLAB_SANITIZER_BUDGET_S,
-# default 180 s). Exit 77 (CTest: skipped) when there is no compute-sanitizer or no GPU.
-# Usage: run_sanitizer.sh TOOL path/to/flashlab-run path/to/flashlab_sanitizer_cases
+# compute-sanitizer TOOL over every registered kernel. The forward (default):
+# every head dim and both 16-bit dtypes each kernel takes, on small odd shapes;
+# --backward: flashlab-run --backward (head dims 64 and 128, one --deterministic)
+# for each kernel with a backward; --kvcache: flashlab-run --kvcache (paged and
+# contiguous, appends, splits and combine) for each kernel with a KV-cache path.
+# The case list comes from the test generators: flashlab_sanitizer_cases [PASS].
+# Fails when the tool reports any error in its summary, not only on a non-zero
+# exit, when a case fails its check, when there is no case, and when the runs
+# take longer than the budget (FLASHLAB_SANITIZER_BUDGET_S, default 180 s).
+# Exit 77 (CTest: skipped) when there is no compute-sanitizer or no GPU.
+# Usage: run_sanitizer.sh TOOL path/to/flashlab-run path/to/flashlab_sanitizer_cases [--backward|--kvcache]
 set -uo pipefail
-tool=$1 run=$2 list_cases=$3
+tool=$1 run=$2 list_cases=$3 pass=${4:-}
+label="$tool${pass:+ ${pass#--}}"  # memcheck, memcheck backward, ...
 budget=${FLASHLAB_SANITIZER_BUDGET_S:-180}
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$sanitizer" ] || { echo "SKIP: compute-sanitizer not found"; exit 77; }
@@ -15,9 +20,10 @@ nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no GPU"; exit 77; }
 
 # Only the cases this GPU's architecture runs (e.g. sm_90a-only kernels elsewhere).
 capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
-cases=$("$list_cases" --compute-capability "$capability") || { echo "FAIL: $list_cases"; exit 1; }
+# shellcheck disable=SC2086  # $pass is empty (the forward) or one flag
+cases=$("$list_cases" $pass --compute-capability "$capability") || { echo "FAIL: $list_cases $pass"; exit 1; }
 seed=${FLASHLAB_TEST_SEED:-$((RANDOM * 32768 + RANDOM))}
-echo "$tool: $(wc -l <<<"$cases") cases for compute capability $capability, seed $seed (FLASHLAB_TEST_SEED=$seed replays)"
+echo "$label: $(grep -c . <<<"$cases") cases for compute capability $capability, seed $seed (FLASHLAB_TEST_SEED=$seed replays)"
 
 failures=0 runs=0 start=$SECONDS
 while IFS=$'\t' read -r name arguments; do
@@ -50,9 +56,9 @@ while IFS=$'\t' read -r name arguments; do
   fi
 done <<<"$cases"
 elapsed=$((SECONDS - start))
-echo "$tool: $runs runs, $failures with errors, ${elapsed} s (budget ${budget} s)"
+echo "$label: $runs runs, $failures with errors, ${elapsed} s (budget ${budget} s)"
 if [ "$elapsed" -gt "$budget" ]; then
-  echo "FAIL $tool: ${elapsed} s is over the ${budget} s budget: make the cases in sanitizer_cases() smaller or fewer"
+  echo "FAIL $label: ${elapsed} s is over the ${budget} s budget: make the cases in flashlab_sanitizer_cases${pass:+ $pass} smaller or fewer"
   exit 1
 fi
 [ $failures -eq 0 ] && [ $runs -gt 0 ]

@@ -129,15 +129,8 @@ std::string KvCacheSpec::describe() const {
   return text.str();
 }
 
-AttentionOptions KvCacheSpec::attention_options() const {
-  AttentionOptions options;
-  options.causal = causal;
-  options.softmax_scale = softmax_scale;
-  options.kernel = kernel;
-  options.window_left = window_left;
-  options.window_right = window_right;
-  return options;
-}
+// The same options as the problem's own (ProblemSpec::attention_options).
+AttentionOptions KvCacheSpec::attention_options() const { return problem_spec().attention_options(); }
 
 ProblemSpec KvCacheSpec::problem_spec() const {
   ProblemSpec spec;

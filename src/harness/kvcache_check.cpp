@@ -470,18 +470,25 @@ std::string kvcache_row_context(const KvCacheSpec& spec, const std::vector<int64
 // ---------------------------------------------------------------------------
 // The check.
 
+KvCacheCall call_against_reference(const KvCacheSpec& spec, const KvCacheTensors& inputs) {
+  KvCacheCall call{kvcache_params(spec, inputs), {}, {}};
+  const KvCacheTensors before = copy_caches(inputs);
+  call.outputs = poisoned_kvcache_outputs(spec, inputs);
+  run_kvcache(spec, inputs, call.outputs);
+  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  call.expected = reference_kvcache(spec, before, call.params);
+  return call;
+}
+
 KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options) {
   const std::string unavailable = cuda_unavailable_reason();
   TORCH_CHECK(unavailable.empty(), "check_kvcache needs a GPU: ", unavailable);
   const KvCacheTensors inputs = make_kvcache_inputs(spec, at::Device(at::kCUDA, 0));
   const KernelVariant& kernel = resolve_kvcache_kernel(spec, inputs);
-  const KvCacheParams params = kvcache_params(spec, inputs);
-  const KvCacheTensors before = copy_caches(inputs);
-
-  const ForwardOutputs outputs = poisoned_kvcache_outputs(spec, inputs);
-  run_kvcache(spec, inputs, outputs);
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-  const KvCacheExpected expected = reference_kvcache(spec, before, params);
+  const KvCacheCall call = call_against_reference(spec, inputs);
+  const KvCacheParams& params = call.params;
+  const ForwardOutputs& outputs = call.outputs;
+  const KvCacheExpected& expected = call.expected;
   const ForwardTolerance tolerance = kvcache_tolerance(spec, expected);
 
   KvCacheCheckResult result;

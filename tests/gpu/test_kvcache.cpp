@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "flashlab/attention.h"
 #include "flashlab/cuda_check.h"
@@ -69,13 +70,10 @@ struct KvCacheRun {
 KvCacheRun run_steps(const KernelVariant& kernel, const KvCacheSpec& spec) {
   KvCacheRun run;
   run.inputs = make_kvcache_inputs(spec, at::Device(at::kCUDA, 0));
-  const KvCacheParams params = kvcache_params(spec, run.inputs);
-  run.num_splits = kvcache_splits(kernel, params);
-  const KvCacheTensors before = copy_caches(run.inputs);
-  run.outputs = poisoned_kvcache_outputs(spec, run.inputs);
-  run_kvcache(spec, run.inputs, run.outputs);
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-  run.expected = reference_kvcache(spec, before, params);
+  KvCacheCall call = call_against_reference(spec, run.inputs);
+  run.num_splits = kvcache_splits(kernel, call.params);
+  run.outputs = std::move(call.outputs);
+  run.expected = std::move(call.expected);
   run.comparison = compare_kvcache(spec, run.inputs, run.outputs, run.expected, kvcache_tolerance(spec, run.expected));
   return run;
 }
@@ -234,14 +232,9 @@ TEST(KvCacheValidationOnDevice, EntriesPastTheKeysAreNotRead) {
   KvCacheTensors inputs = make_kvcache_inputs(spec, at::Device(at::kCUDA, 0));
   // Sequence 0 (6 keys) uses entry 0 only.
   inputs.block_table[0][1].fill_(-1);
-  const KvCacheParams params = kvcache_params(spec, inputs);
-  const KvCacheTensors before = copy_caches(inputs);
-  const ForwardOutputs outputs = poisoned_kvcache_outputs(spec, inputs);
-  run_kvcache(spec, inputs, outputs);
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-  const KvCacheExpected expected = reference_kvcache(spec, before, params);
+  const KvCacheCall call = call_against_reference(spec, inputs);
   const KvCacheComparison comparison =
-      compare_kvcache(spec, inputs, outputs, expected, kvcache_tolerance(spec, expected));
+      compare_kvcache(spec, inputs, call.outputs, call.expected, kvcache_tolerance(spec, call.expected));
   EXPECT_TRUE(passed(comparison)) << spec.describe() << "\n" << reports(comparison);
 }
 

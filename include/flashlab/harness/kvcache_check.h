@@ -156,6 +156,17 @@ KvCacheExpected reference_kvcache(const KvCacheSpec& spec, const KvCacheTensors&
 // The forward's pass rule (forward_tolerance) on these references.
 ForwardTolerance kvcache_tolerance(const KvCacheSpec& spec, const KvCacheExpected& expected);
 
+// One call against the reference, as check_kvcache makes it: the parameter
+// block (kvcache_params), a snapshot of the caches (copy_caches), poisoned
+// outputs, the call (run_kvcache, then a device sync) and the reference from
+// the snapshot (reference_kvcache).
+struct KvCacheCall {
+  KvCacheParams params;
+  ForwardOutputs outputs;
+  KvCacheExpected expected;
+};
+KvCacheCall call_against_reference(const KvCacheSpec& spec, const KvCacheTensors& inputs);
+
 // The first cache element that differs bitwise from the expected cache.
 struct CacheDifference {
   int64_t index0 = 0;  // batch (contiguous) or page (paged)

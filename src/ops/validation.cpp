@@ -205,47 +205,49 @@ at::Tensor pad_head_dim(const at::Tensor& tensor, int64_t padded_head_dim) {
 
 namespace {
 
-// Strides of a contiguous (batch, seqlen, heads, head_dim) tensor, or of a
-// packed (total, heads, head_dim) one (batch stride 0) for a varlen batch.
+// Strides of a contiguous (batch, seqlen, heads, head_dim) tensor shaped like
+// q (keys = false: seqlen_q rows of `heads` heads) or like k and v (keys = true:
+// seqlen_k rows of kv_heads heads) of `params` at `head_dim`, or of a packed
+// (total, heads, head_dim) one (batch stride 0) for a varlen batch.
 void contiguous_strides(int64_t& batch_stride, int64_t& row_stride, int64_t& head_stride,
-                        int seqlen, int heads, int head_dim, bool packed) {
+                        const AttentionParams& params, bool keys, int head_dim) {
+  const int seqlen = keys ? params.seqlen_k : params.seqlen_q;
+  const int heads = keys ? params.kv_heads : params.heads;
   head_stride = head_dim;
   row_stride = static_cast<int64_t>(heads) * head_dim;
-  batch_stride = packed ? 0 : seqlen * row_stride;
+  batch_stride = params.is_varlen() ? 0 : seqlen * row_stride;
 }
 
 }  // namespace
 
 AttentionParams params_at_head_dim(const AttentionParams& params, int head_dim) {
   AttentionParams padded = params;
-  const bool packed = params.is_varlen();
   padded.head_dim = head_dim;
   padded.q = padded.k = padded.v = padded.out = nullptr;
-  contiguous_strides(padded.q_batch_stride, padded.q_row_stride, padded.q_head_stride,
-                     params.seqlen_q, params.heads, head_dim, packed);
-  contiguous_strides(padded.k_batch_stride, padded.k_row_stride, padded.k_head_stride,
-                     params.seqlen_k, params.kv_heads, head_dim, packed);
-  contiguous_strides(padded.v_batch_stride, padded.v_row_stride, padded.v_head_stride,
-                     params.seqlen_k, params.kv_heads, head_dim, packed);
-  contiguous_strides(padded.out_batch_stride, padded.out_row_stride, padded.out_head_stride,
-                     params.seqlen_q, params.heads, head_dim, packed);
+  contiguous_strides(padded.q_batch_stride, padded.q_row_stride, padded.q_head_stride, params,
+                     /*keys=*/false, head_dim);
+  contiguous_strides(padded.k_batch_stride, padded.k_row_stride, padded.k_head_stride, params,
+                     /*keys=*/true, head_dim);
+  contiguous_strides(padded.v_batch_stride, padded.v_row_stride, padded.v_head_stride, params,
+                     /*keys=*/true, head_dim);
+  contiguous_strides(padded.out_batch_stride, padded.out_row_stride, padded.out_head_stride, params,
+                     /*keys=*/false, head_dim);
   return padded;
 }
 
 AttentionBackwardParams params_at_head_dim(const AttentionBackwardParams& params, int head_dim) {
   AttentionBackwardParams padded = params;
   static_cast<AttentionParams&>(padded) = params_at_head_dim(static_cast<const AttentionParams&>(params), head_dim);
-  const bool packed = params.is_varlen();
   padded.dout = nullptr;
   padded.dq = padded.dk = padded.dv = nullptr;
   contiguous_strides(padded.dout_batch_stride, padded.dout_row_stride, padded.dout_head_stride,
-                     params.seqlen_q, params.heads, head_dim, packed);
-  contiguous_strides(padded.dq_batch_stride, padded.dq_row_stride, padded.dq_head_stride,
-                     params.seqlen_q, params.heads, head_dim, packed);
-  contiguous_strides(padded.dk_batch_stride, padded.dk_row_stride, padded.dk_head_stride,
-                     params.seqlen_k, params.kv_heads, head_dim, packed);
-  contiguous_strides(padded.dv_batch_stride, padded.dv_row_stride, padded.dv_head_stride,
-                     params.seqlen_k, params.kv_heads, head_dim, packed);
+                     params, /*keys=*/false, head_dim);
+  contiguous_strides(padded.dq_batch_stride, padded.dq_row_stride, padded.dq_head_stride, params,
+                     /*keys=*/false, head_dim);
+  contiguous_strides(padded.dk_batch_stride, padded.dk_row_stride, padded.dk_head_stride, params,
+                     /*keys=*/true, head_dim);
+  contiguous_strides(padded.dv_batch_stride, padded.dv_row_stride, padded.dv_head_stride, params,
+                     /*keys=*/true, head_dim);
   return padded;
 }
 

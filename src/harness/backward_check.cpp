@@ -197,9 +197,7 @@ GradientComparison compare_backward(const ProblemSpec& spec, const AttentionPara
 }
 
 BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckOptions& options) {
-  const std::string unavailable = cuda_unavailable_reason();
-  TORCH_CHECK(unavailable.empty(), "check_backward needs a GPU: ", unavailable);
-  const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+  const ProblemInputs inputs = make_gpu_inputs(spec, "check_backward");
   const KernelVariant& kernel = resolve_backward_kernel(spec, inputs);
   const AttentionParams params = forward_params(spec, inputs);
 
@@ -242,10 +240,9 @@ BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckO
   for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
     any_nonfinite |= report->nan_count + report->inf_count > 0;
   if (any_nonfinite) {
-    const OriginInputs forward_origin = origin_inputs(spec, inputs, params);
+    explain_forward_nonfinite(result.out, result.lse, outputs, forward_reference,
+                              origin_inputs(spec, inputs, params));
     const OriginInputs origin = origin_inputs(spec, inputs, params, dout);
-    explain_nonfinite(result.out, outputs.out, forward_reference.reference.out, forward_origin, RowKind::query);
-    explain_nonfinite(result.lse, outputs.lse, forward_reference.reference.lse, forward_origin, RowKind::lse);
     explain_nonfinite(result.dq, gradients.dq, reference.reference.dq, origin, RowKind::query);
     explain_nonfinite(result.dk, gradients.dk, reference.reference.dk, origin, RowKind::key);
     explain_nonfinite(result.dv, gradients.dv, reference.reference.dv, origin, RowKind::key);

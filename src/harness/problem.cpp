@@ -435,10 +435,21 @@ ForwardComparison compare_forward(const ProblemSpec& spec, const AttentionParams
           compare_lse_rows("lse", outputs.lse, reference.reference.lse, tolerance.lse.bound(), context)};
 }
 
-CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options) {
+void explain_forward_nonfinite(ComparisonReport& out, ComparisonReport& lse,
+                               const ForwardOutputs& outputs, const ForwardReference& reference,
+                               const OriginInputs& origin) {
+  explain_nonfinite(out, outputs.out, reference.reference.out, origin, RowKind::query);
+  explain_nonfinite(lse, outputs.lse, reference.reference.lse, origin, RowKind::lse);
+}
+
+ProblemInputs make_gpu_inputs(const ProblemSpec& spec, const char* check) {
   const std::string unavailable = cuda_unavailable_reason();
-  TORCH_CHECK(unavailable.empty(), "check_kernel needs a GPU: ", unavailable);
-  const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+  TORCH_CHECK(unavailable.empty(), check, " needs a GPU: ", unavailable);
+  return make_inputs(spec, at::Device(at::kCUDA, 0));
+}
+
+CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options) {
+  const ProblemInputs inputs = make_gpu_inputs(spec, "check_kernel");
   const KernelVariant& kernel = resolve_kernel(spec, inputs);
   const AttentionParams params = forward_params(spec, inputs);
 
@@ -458,11 +469,9 @@ CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_opti
       compare_forward(spec, params, result.tiles, outputs, reference, tolerance);
   result.out = std::move(comparison.out);
   result.lse = std::move(comparison.lse);
-  if (result.out.nan_count + result.out.inf_count + result.lse.nan_count + result.lse.inf_count > 0) {
-    const OriginInputs origin = origin_inputs(spec, inputs, params);
-    explain_nonfinite(result.out, outputs.out, reference.reference.out, origin, RowKind::query);
-    explain_nonfinite(result.lse, outputs.lse, reference.reference.lse, origin, RowKind::lse);
-  }
+  if (result.out.nan_count + result.out.inf_count + result.lse.nan_count + result.lse.inf_count > 0)
+    explain_forward_nonfinite(result.out, result.lse, outputs, reference,
+                              origin_inputs(spec, inputs, params));
   if (check_options.timed_launches > 0)
     result.kernel_ms = EventTimer().median_ms([&] { run_forward(kernel, spec, inputs, outputs); },
                                               check_options.timed_launches);

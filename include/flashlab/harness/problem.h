@@ -165,6 +165,16 @@ enum class RowKind { query, lse, key };
 void explain_nonfinite(ComparisonReport& report, const at::Tensor& actual, const at::Tensor& expected,
                        const OriginInputs& inputs, RowKind kind);
 
+// explain_nonfinite for out and lse against the forward reference: the
+// forward check and the backward check report their forward alike.
+void explain_forward_nonfinite(ComparisonReport& out, ComparisonReport& lse,
+                               const ForwardOutputs& outputs, const ForwardReference& reference,
+                               const OriginInputs& origin);
+
+// The start of a check on the GPU: throws c10::Error ("<check> needs a GPU: <why>")
+// without a usable device, else the problem's inputs on device 0.
+ProblemInputs make_gpu_inputs(const ProblemSpec& spec, const char* check);
+
 struct ForwardComparison {
   ComparisonReport out, lse;
 };

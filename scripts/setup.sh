@@ -4,7 +4,8 @@
 #    machine), else a .venv with torch==2.14.1;
 #  - CMake >= 3.28 and Ninja: the system's when new enough, else into the .venv;
 #  - GoogleTest and Google Benchmark: Debian's libgtest-dev / libbenchmark-dev
-#    when their headers are missing.
+#    when their headers are missing;
+#  - pytest and scikit-build-core (the Python package's tests and build backend).
 # Prints what it found. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,4 +76,14 @@ elif "$python" -m pip install --quiet pytest; then
   log "installed pytest into $python"
 else
   log "warning: could not install pytest for $python: the Python tests will report skipped"
+fi
+
+# 5. scikit-build-core, the Python package's build backend (pip install / pip wheel
+#    --no-build-isolation . build against this Python's torch, so the backend must be here).
+if "$python" -c 'import scikit_build_core, sys; sys.exit(0 if tuple(map(int, scikit_build_core.__version__.split(".")[:2])) >= (0, 10) else 1)' >/dev/null 2>&1; then
+  log "scikit-build-core present"
+elif "$python" -m pip install --quiet "scikit-build-core>=0.10"; then
+  log "installed scikit-build-core into $python"
+else
+  log "warning: could not install scikit-build-core for $python: pip install/wheel --no-build-isolation . will fail"
 fi

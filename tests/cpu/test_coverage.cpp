@@ -174,6 +174,20 @@ TEST(SanitizerCases, CoverEveryHeadDimAndHalfPrecisionDtypeOfEveryKernel) {
   }
 }
 
+// How big a sanitizer case is: (all query rows) x (all key rows) x heads, an
+// upper bound of the scores it computes (varlen: the packed rows).
+int64_t score_elements(const ProblemSpec& spec) {
+  int64_t query_rows = 0, key_rows = 0;
+  if (spec.is_varlen()) {
+    for (const int length : spec.seqlens_q) query_rows += length;
+    for (const int length : spec.key_seqlens()) key_rows += length;
+  } else {
+    query_rows = int64_t{spec.batch} * spec.seqlen_q;
+    key_rows = int64_t{spec.batch} * spec.seqlen_k;
+  }
+  return query_rows * key_rows * spec.heads;
+}
+
 TEST(SanitizerCases, StayWithinTheTimeBudget) {
   // Every case is one flashlab-run process under each tool (a few seconds
   // each under memcheck, mostly start-up): keep problems tiny and the list
@@ -181,16 +195,7 @@ TEST(SanitizerCases, StayWithinTheTimeBudget) {
   const std::vector<KernelCase> cases = sanitizer_cases();
   EXPECT_LE(cases.size(), 45u) << "sanitizer runs per tool; trim the shapes or the fp32/varlen extras";
   for (const auto& kernel_case : cases) {
-    const ProblemSpec& spec = kernel_case.spec;
-    int64_t query_rows = 0, key_rows = 0;
-    if (spec.is_varlen()) {
-      for (const int length : spec.seqlens_q) query_rows += length;
-      for (const int length : spec.key_seqlens()) key_rows += length;
-    } else {
-      query_rows = int64_t{spec.batch} * spec.seqlen_q;
-      key_rows = int64_t{spec.batch} * spec.seqlen_k;
-    }
-    EXPECT_LE(query_rows * key_rows * spec.heads, 1 << 18) << kernel_case.name << " is not tiny";
+    EXPECT_LE(score_elements(kernel_case.spec), 1 << 18) << kernel_case.name << " is not tiny";
   }
 }
 
@@ -233,16 +238,7 @@ TEST(SanitizerCases, CoverEveryBackwardAtHeadDims64And128AndItsDeterministicMode
   // A backward run costs about two or three forward runs under each tool.
   EXPECT_LE(cases.size(), 15u) << "backward sanitizer runs per tool";
   for (const auto& kernel_case : cases) {
-    const ProblemSpec& spec = kernel_case.spec;
-    int64_t query_rows = 0, key_rows = 0;
-    if (spec.is_varlen()) {
-      for (const int length : spec.seqlens_q) query_rows += length;
-      for (const int length : spec.key_seqlens()) key_rows += length;
-    } else {
-      query_rows = int64_t{spec.batch} * spec.seqlen_q;
-      key_rows = int64_t{spec.batch} * spec.seqlen_k;
-    }
-    EXPECT_LE(query_rows * key_rows * spec.heads, 1 << 17) << kernel_case.name << " is not tiny";
+    EXPECT_LE(score_elements(kernel_case.spec), 1 << 17) << kernel_case.name << " is not tiny";
   }
 }
 

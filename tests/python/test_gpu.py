@@ -442,17 +442,20 @@ def test_kvcache_int_cache_seqlens_broadcasts():
                            lambda q, k, v: attention_ref(q, k, v))
 
 
-def test_kvcache_head_dim_without_a_kernel():
-    # Head dims the KV-cache path has no kernel for: the C++ API either pads (then the
-    # result is right) or refuses with a message naming head_dim; never a wrong answer.
+def test_kvcache_pads_a_head_dim_without_a_kernel():
+    # head_dim 59, which no KV-cache kernel has: the C++ API zero-pads q and the caches
+    # to the kernel's 64 (copies), appends there and copies the cache back. The appended
+    # row must land in the caller's cache and the result be the unpadded attention's.
     torch.manual_seed(10)
     k_cache = torch.randn(1, 64, 1, 59, device=DEVICE, dtype=torch.float16)
+    v_cache = torch.randn(1, 64, 1, 59, device=DEVICE, dtype=torch.float16)
+    k_new = torch.randn(1, 1, 1, 59, device=DEVICE, dtype=torch.float16)
+    v_new = torch.randn(1, 1, 1, 59, device=DEVICE, dtype=torch.float16)
     q = torch.randn(1, 1, 2, 59, device=DEVICE, dtype=torch.float16)
-    try:
-        out, lse = flash_attn_with_kvcache(q, k_cache, k_cache, cache_seqlens=40,
-                                           return_softmax_lse=True)
-    except RuntimeError as error:
-        assert "head_dim" in str(error)
-        return
-    check_forward_backward(torch.float16, out, lse, (q, k_cache[:, :40], k_cache[:, :40]),
+    untouched = k_cache[:, 41:].clone()
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=40,
+                                       return_softmax_lse=True)
+    assert torch.equal(k_cache[:, 40], k_new[:, 0]) and torch.equal(v_cache[:, 40], v_new[:, 0])
+    assert torch.equal(k_cache[:, 41:], untouched)
+    check_forward_backward(torch.float16, out, lse, (q, k_cache[:, :41], v_cache[:, :41]),
                            lambda q, k, v: attention_ref(q, k, v))

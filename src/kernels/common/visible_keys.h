@@ -81,4 +81,25 @@ FLASHLAB_HOST_DEVICE inline bool tile_fully_visible(int row_first, int row_last,
   return key_last <= top.last && key_first >= bottom.first;
 }
 
+// The key tiles of block_n keys (tile t = keys [t * block_n, (t + 1) * block_n))
+// that need no mask for the query rows [row_first, row_last]: whole inside the
+// sequence and tile_fully_visible. They are one interval (the top row bounds
+// the right edge, the bottom row the left one), [first, last] in tile indices;
+// empty when last < first. Lets a kernel run its unmasked tiles as a separate
+// loop instead of testing every tile.
+FLASHLAB_HOST_DEVICE inline KeyRange unmasked_key_tiles(int row_first, int row_last, int seqlen_q,
+                                                        int seqlen_k, int window_left,
+                                                        int window_right, int block_n) {
+  const KeyRange top = visible_keys(row_first, seqlen_q, seqlen_k, window_left, window_right);
+  const KeyRange bottom = visible_keys(row_last, seqlen_q, seqlen_k, window_left, window_right);
+  // Tiles ending at or before key `end` (exclusive): floor(end / block_n), end may be <= 0.
+  const auto tiles_before = [block_n](int end) {
+    return end >= 0 ? end / block_n : -((-end + block_n - 1) / block_n);
+  };
+  const int first = (bottom.first + block_n - 1) / block_n;  // bottom.first >= 0
+  const int last_by_mask = tiles_before(top.last + 1) - 1;
+  const int last_by_length = seqlen_k / block_n - 1;
+  return {first, last_by_mask < last_by_length ? last_by_mask : last_by_length};
+}
+
 }  // namespace flashlab

@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"  // fast_exp2, pack2
@@ -247,12 +248,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       };
       // Mask, then the online softmax in base 2: P overwrites S; returns each
       // row's factor for O (applied once O is no longer in flight).
-      auto softmax = [&](int tile, float (&correction)[2]) {
+      auto softmax = [&](int tile, bool needs_mask, float (&correction)[2]) {
         const int k0 = tile * kBN;
-        const bool needs_mask =
-            k0 + kBN > view.seqlen_k ||
-            !tile_fully_visible(q0, q0 + kBM - 1, k0, k0 + kBN - 1, view.seqlen_q, view.seqlen_k,
-                                p.window_left, p.window_right);
         if (needs_mask) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -333,6 +330,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (lane == 0) sm90::mbarrier_arrive(barrier);
       };
 
+      // A tile needs the mask when it reaches past the sequence end or a mask
+      // edge crosses it (the highest tiles: causal diagonal, window's right
+      // edge; the lowest: its left edge).
+      // The tiles needs_mask is false for, [unmasked.first, unmasked.last].
+      const KeyRange unmasked = unmasked_key_tiles(q0, q0 + kBM - 1, view.seqlen_q, view.seqlen_k,
+                                                   p.window_left, p.window_right, kBN);
+      const auto needs_mask = [&](int tile) {
+        if constexpr (Tr::kMaskFreeSteps) return !unmasked.contains(tile);
+        const int k0 = tile * kBN;
+        return k0 + kBN > view.seqlen_k ||
+               !tile_fully_visible(q0, q0 + kBM - 1, k0, k0 + kBN - 1, view.seqlen_q,
+                                   view.seqlen_k, p.window_left, p.window_right);
+      };
+
       // Prologue: S for the first (highest) tile.
       int stage = kv_iteration % kStages;
       uint32_t phase = (kv_iteration / kStages) & 1;
@@ -345,12 +356,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       sm90::fence_registers(acc_s);
       release(&k_empty[stage]);
       if (tiles.first == tiles.last) release(q_empty);
-      softmax(tiles.last, correction);
+      softmax(tiles.last, needs_mask(tiles.last), correction);
       convert_p();
 
       // Steady state: S of the next tile and P V of this one in flight
-      // together; the softmax of the next tile runs while P V finishes.
-      for (int tile = tiles.last - 1; tile >= tiles.first; --tile) {
+      // together; the softmax of the next tile runs while P V finishes. With
+      // kMaskFreeSteps, whether a tile is masked is a compile-time argument of
+      // the step, not a branch inside it: ptxas moves the wait for P V up to
+      // the first branch join after the issue, which puts the softmax behind P V.
+      auto step = [&](int tile, auto masked) {
         const int next_stage = (kv_iteration + 1) % kStages;
         const uint32_t next_phase = ((kv_iteration + 1) / kStages) & 1;
         sm90::mbarrier_wait(&k_full[next_stage], next_phase);
@@ -363,7 +377,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         sm90::fence_registers(acc_s);
         release(&k_empty[next_stage]);
         if (tile == tiles.first) release(q_empty);
-        softmax(tile, correction);
+        softmax(tile, bool(masked), correction);
         sm90::wgmma_wait<0>();
         sm90::fence_registers(acc_o);
         release(&v_empty[stage]);
@@ -372,6 +386,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         ++kv_iteration;
         stage = next_stage;
         phase = next_phase;
+      };
+      if constexpr (Tr::kMaskFreeSteps) {
+        int tile = tiles.last - 1;
+        for (; tile >= tiles.first && tile > unmasked.last; --tile) step(tile, std::true_type{});
+        for (; tile >= tiles.first && tile >= unmasked.first; --tile) step(tile, std::false_type{});
+        for (; tile >= tiles.first; --tile) step(tile, std::true_type{});
+      } else {
+        for (int tile = tiles.last - 1; tile >= tiles.first; --tile) step(tile, needs_mask(tile));
       }
 
       // Epilogue: P V of the last tile.

@@ -100,7 +100,7 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   // Every build: the steady-state loop, right after the tile's softmax (the
   // first visited tile's softmax is the prologue's: not this line).
   CudaGdbStop loop;
-  loop.marker = "softmax(tile, correction);";
+  loop.marker = "softmax(tile, bool(masked), correction);";
   loop.line_offset = 1;
   loop.condition = "tile == {tile} && work.q_block == " + std::to_string(location.query_block) +
                    " && work.head == " + std::to_string(head) + " && work.batch == " +

@@ -332,8 +332,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
       // A tile needs the mask when it reaches past the sequence end or a mask
       // edge crosses it (the highest tiles: causal diagonal, window's right
-      // edge; the lowest: its left edge).
-      // The tiles needs_mask is false for, [unmasked.first, unmasked.last].
+      // edge; the lowest: its left edge). unmasked_key_tiles gives the same
+      // answer as an interval (tests/cpu/test_visible_keys.cpp); the per-tile
+      // form stays for the branchy loop, whose code generation (head_dim 64, no
+      // spills) was measured with it.
       const KeyRange unmasked = unmasked_key_tiles(q0, q0 + kBM - 1, view.seqlen_q, view.seqlen_k,
                                                    p.window_left, p.window_right, kBN);
       const auto needs_mask = [&](int tile) {

@@ -11,6 +11,7 @@ namespace flashlab {
 KernelVariant fa1_scalar_planted_bug_variant();
 KernelVariant fa2_mma_sm80_planted_bug_variant();
 std::vector<KernelVariant> fa2_mma_sm80_tuning_variants();
+KernelVariant fa3_wgmma_sm90_static_schedule_variant();  // fa3_wgmma_sm90.cu
 
 const std::vector<KernelVariant>& test_only_kernels() {
   static const std::vector<KernelVariant> kernels = {
@@ -21,7 +22,11 @@ const std::vector<KernelVariant>& test_only_kernels() {
 }
 
 const std::vector<KernelVariant>& tuning_kernels() {
-  static const std::vector<KernelVariant> kernels = fa2_mma_sm80_tuning_variants();
+  static const std::vector<KernelVariant> kernels = [] {
+    std::vector<KernelVariant> list = fa2_mma_sm80_tuning_variants();
+    list.push_back(fa3_wgmma_sm90_static_schedule_variant());
+    return list;
+  }();
   return kernels;
 }
 

@@ -119,6 +119,15 @@ void allow_shared_memory(const void* kernel, int bytes) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
+size_t workspace_bytes(const AttentionParams& params) {
+  bool dynamic = false;
+  if (HeadDims::contains(params.head_dim))
+    FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+      dynamic = DefaultTraits<kHeadDim>::type::kDynamicSchedule && unequal_work_tiles(params);
+    });
+  return dynamic ? sizeof(int) : 0;  // the tile counter (the traced build leaves it unused)
+}
+
 std::string unsupported_reason(const AttentionParams& params) {
   if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16)
     return std::string("fa3_wgmma_sm90 supports float16 and bfloat16 inputs; got ") +
@@ -192,7 +201,20 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.padded_head_dim = HeadDims::round_up;  // e.g. 40 runs at 64
   variant.tile_shape = tile_shape;
   variant.launch = launch;
+  variant.workspace_bytes = fa3_wgmma_sm90::workspace_bytes;
   variant.locate = fa3_wgmma_sm90::locate;
+  return variant;
+}
+
+// Tuning only (tuning_kernels(), flashlab-bench --sweep): the same kernel with
+// no workspace, so every problem runs the static round-robin schedule; the
+// A/B for the dynamic schedule under masks and varlen.
+KernelVariant fa3_wgmma_sm90_static_schedule_variant() {
+  KernelVariant variant = fa3_wgmma_sm90_variant();
+  variant.name = "fa3_wgmma_sm90_static";
+  variant.summary = "fa3_wgmma_sm90 with the static work-tile order under masks and varlen too "
+                    "(no tile counter); tuning only";
+  variant.workspace_bytes = nullptr;
   return variant;
 }
 

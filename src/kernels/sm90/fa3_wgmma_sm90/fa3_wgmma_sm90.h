@@ -48,8 +48,16 @@ struct Traits {
   // H100. With three consumers (160 registers) the overlap spills 232 bytes and
   // measured 1-8% slower at head_dim 64, so the mask stays a branch there.
   static constexpr bool kMaskFreeSteps = kConsumerRegisters >= 200;
-  // Tiles, then the barriers; +1024 so the base can be aligned for the swizzle.
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages);
+  // Work tiles handed out at run time under masks and varlen (Schedule::dynamic)
+  // by the two-consumer tilings (head_dim 128 and 256): their static
+  // round-robin gives the same CTAs the longest tiles. ptxas -v: no new spills
+  // there (d128 none, d256 64 bytes with either schedule); with three
+  // consumers (160 registers, head_dim 64) the published tile's coordinates
+  // spill 40 bytes, so head_dim 64 keeps the static order.
+  static constexpr bool kDynamicSchedule = kConsumerRegisters >= 200;
+  // Tiles, then the barriers (and 8 bytes for the published work-tile index);
+  // +1024 so the base can be aligned for the swizzle.
+  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8;
   static constexpr int kSmemBytes =
       kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
 
@@ -72,6 +80,9 @@ struct DefaultTraits {
 std::string unsupported_reason(const AttentionParams& params);
 
 // Host helpers of the launch, defined in fa3_wgmma_sm90.cu.
+// The workspace a launch needs: the dynamic schedule's tile counter. Host only.
+size_t workspace_bytes(const AttentionParams& params);
+
 // A 4-D tensor map (head_dim, rows, heads, batch) over q, k or v with a box of
 // 64 elements x box_rows rows, 128-byte swizzle. Defined in fa3_wgmma_sm90.cu.
 enum class Operand { q, k, v };
@@ -85,6 +96,11 @@ struct DeviceLimits {
 DeviceLimits device_limits();
 void allow_shared_memory(const void* kernel, int bytes);
 
+// Work tiles of unequal length: causal / window masks, varlen batches.
+inline bool unequal_work_tiles(const AttentionParams& params) {
+  return params.window_left >= 0 || params.window_right >= 0 || params.is_varlen();
+}
+
 // The persistent grid's schedule (host): how many query blocks and work tiles,
 // how many (batch, head) pairs a scheduling section holds, and the grid. The
 // launch and the locate hook (fa3_wgmma_sm90_locate.cpp) both use it.
@@ -93,6 +109,12 @@ struct Schedule {
   int num_work_tiles = 0;
   int section_heads = 1;
   int grid = 0;
+  // Work tiles of unequal length: handed out at run time from a counter in the
+  // workspace (greedy, longest first) by tilings with Traits::kDynamicSchedule,
+  // since the static round-robin gives the same CTAs the longest tiles (a host
+  // model of the H100 grid under causal masks, 1k-16k: 12-15% above the
+  // balanced time, 1-6% dynamic).
+  bool dynamic = false;
 };
 inline Schedule schedule(const AttentionParams& params, int block_m, int element_bytes,
                          int multiprocessors, int l2_bytes) {
@@ -118,6 +140,7 @@ inline Schedule schedule(const AttentionParams& params, int block_m, int element
   result.section_heads = static_cast<int>(
       std::min<int64_t>(section_heads, static_cast<int64_t>(params.heads) * params.batch));
   result.grid = std::min(result.num_work_tiles, multiprocessors);
+  result.dynamic = unequal_work_tiles(params);
   return result;
 }
 

@@ -3,7 +3,10 @@
 //
 // Algorithm: a persistent grid (one CTA per SM) walks (query block, head,
 // batch) work tiles in sections of heads whose K/V fit in half the L2, longest
-// first within a section under causal masks. Each CTA has three
+// first within a section under causal masks; under masks and varlen the
+// head_dim 128 tiling hands tiles out at run time (an atomic counter: greedy,
+// longest first), the producer publishing each tile's index to the consumers
+// with its Q. Each CTA has three
 // warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 24
 // registers, one thread issues TMA copies of the Q tile and of K and V tiles
 // into 128-byte-swizzled shared memory, through a kStages-deep ring of
@@ -65,6 +68,10 @@ struct KernelArguments {
   int num_q_blocks = 0;
   int num_work_tiles = 0;
   int section_heads = 1;  // (batch, head) pairs per scheduling section (work_tile)
+  // Dynamic schedule: a zeroed counter in the workspace; each CTA's producer
+  // takes its next work tile from it when it finishes one (greedy, in the
+  // longest-first order). nullptr: static, CTA i takes tiles i, i + grid, ...
+  int* tile_counter = nullptr;
 };
 
 // One work tile (WorkTile, work_tile_at and the schedule: fa3_wgmma_sm90.h).
@@ -92,7 +99,10 @@ using sm80::pack2;
 
 // Trace: the tile-trace build (a separate instantiation, never the timed one)
 // also writes each row's running max and sum after every key tile.
-template <class Tr, typename Element, bool Trace>
+// Dynamic: work tiles come from args.tile_counter, published by the producer;
+// otherwise the static order (the code both sides ran before the dynamic
+// schedule, instantiated apart so its code generation stays as it was).
+template <class Tr, typename Element, bool Trace, bool Dynamic = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
   constexpr int kD = Tr::kHeadDim;
@@ -114,6 +124,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;  // K and V are released apart: K after S,
   uint64_t* v_empty = k_empty + kStages;  // V after P V, one tile later
+  // The producer publishes each work tile's index here before q_full completes
+  // (-1: no more work); the consumers read it after waiting on q_full.
+  int* published_tile = reinterpret_cast<int*>(v_empty + kStages);
   constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
 
   const int warpgroup = threadIdx.x / 128;
@@ -138,23 +151,54 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::tma_prefetch_descriptor(&args.k_map);
     sm90::tma_prefetch_descriptor(&args.v_map);
     uint32_t kv_iteration = 0, q_iteration = 0;
-    for (int index = blockIdx.x; index < args.num_work_tiles; index += gridDim.x) {
-      const WorkTile work = work_tile(args, index);
-      const SequenceView view = sequence_view(p, work.batch);
-      const int q0 = work.q_block * kBM;
-      if (q0 >= view.seqlen_q) continue;
-      const KeyTiles tiles = key_tiles<Tr>(p, view, q0);
-      if (tiles.last < tiles.first) continue;
+    const auto next_index = [&](int index) {
+      return Dynamic ? atomicAdd(args.tile_counter, 1) + int(gridDim.x) : index + int(gridDim.x);
+    };
+    for (int index = blockIdx.x;; index = next_index(index)) {
+      WorkTile work{};
+      SequenceView view{};
+      int q0 = 0;
+      KeyTiles tiles{0, -1};
+      if constexpr (Dynamic) {
+        // Tiles past a varlen sequence's rows have nothing to write: never
+        // published. Rows that see no key are published without a Q (the
+        // consumers write 0 / -inf); -1 ends the consumers' loop.
+        for (; index < args.num_work_tiles; index = next_index(index)) {
+          work = work_tile(args, index);
+          view = sequence_view(p, work.batch);
+          q0 = work.q_block * kBM;
+          if (q0 < view.seqlen_q) break;
+        }
+        sm90::mbarrier_wait(q_empty, (q_iteration & 1) ^ 1);
+        ++q_iteration;
+        *published_tile = index < args.num_work_tiles ? index : -1;
+        if (index >= args.num_work_tiles) {
+          sm90::mbarrier_arrive(q_full);
+          break;
+        }
+        tiles = key_tiles<Tr>(p, view, q0);
+        if (tiles.last < tiles.first) {
+          sm90::mbarrier_arrive(q_full);
+          continue;
+        }
+      } else {
+        if (index >= args.num_work_tiles) break;
+        work = work_tile(args, index);
+        view = sequence_view(p, work.batch);
+        q0 = work.q_block * kBM;
+        if (q0 >= view.seqlen_q) continue;
+        tiles = key_tiles<Tr>(p, view, q0);
+        if (tiles.last < tiles.first) continue;
+        sm90::mbarrier_wait(q_empty, (q_iteration & 1) ^ 1);
+        ++q_iteration;
+      }
       const int batch_coordinate = p.is_varlen() ? 0 : work.batch;
       const int kv_head = work.head / (p.heads / p.kv_heads);
-
-      sm90::mbarrier_wait(q_empty, (q_iteration & 1) ^ 1);
       sm90::mbarrier_arrive_expect_tx(q_full, Tr::kQTileBytes);
 #pragma unroll 1  // the producer has 24 registers
       for (int panel = 0; panel < Tr::kPanels; ++panel)
         sm90::tma_load_4d(q_smem + panel * kBM * 128, &args.q_map, q_full, panel * 64,
                           view.q_row0 + q0, work.head, batch_coordinate);
-      ++q_iteration;
 
       for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
         const int stage = kv_iteration % kStages;
@@ -197,12 +241,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (Tr::kPingpong && consumer == Tr::kConsumers - 1) sm90::named_barrier_arrive(1, 256);
 
   uint32_t kv_iteration = 0, q_iteration = 0;
-  for (int index = blockIdx.x; index < args.num_work_tiles; index += gridDim.x) {
+  for (int index = blockIdx.x;; index += gridDim.x) {
+    if constexpr (Dynamic) {
+      // The next work tile, as the producer published it (its Q has landed).
+      // Lane 0 reads the slot and passes it on: lane 0 is the one that
+      // releases q_empty, after which the producer overwrites the slot.
+      sm90::mbarrier_wait(q_full, q_iteration & 1);
+      ++q_iteration;
+      int published = 0;
+      if (lane == 0) published = *published_tile;
+      index = __shfl_sync(0xffffffffu, published, 0);
+      if (index < 0) break;
+    } else {
+      if (index >= args.num_work_tiles) break;
+    }
     const WorkTile work = work_tile(args, index);
     const SequenceView view = sequence_view(p, work.batch);
     const int q0 = work.q_block * kBM;
-    if (q0 >= view.seqlen_q) continue;
+    if (!Dynamic && q0 >= view.seqlen_q) continue;
     const KeyTiles tiles = key_tiles<Tr>(p, view, q0);
+    // Dynamic, no key: no Q was loaded, the slot is free at once (one arrival
+    // per consumer warp, as after a tile's last S).
+    if (Dynamic && tiles.last < tiles.first && lane == 0) sm90::mbarrier_arrive(q_empty);
 
     float acc_o[kD / 2];
     float row_max[2], row_sum[2];
@@ -215,8 +275,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
 
     if (tiles.last >= tiles.first) {
-      sm90::mbarrier_wait(q_full, q_iteration & 1);
-      ++q_iteration;
+      if constexpr (!Dynamic) {
+        sm90::mbarrier_wait(q_full, q_iteration & 1);
+        ++q_iteration;
+      }
 
       float acc_s[kBN / 2];
       uint32_t p_frag[kBN / 16][4];
@@ -437,9 +499,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // ---------------------------------------------------------------------------
 // Host side.
 
+// The dynamic-schedule instantiation, only for tilings that use one.
+template <class Tr, typename Element>
+auto dynamic_kernel() {
+  if constexpr (Tr::kDynamicSchedule) return fa3_forward_kernel<Tr, Element, false, true>;
+  else return fa3_forward_kernel<Tr, Element, false, false>;
+}
+
 template <class Tr, typename Element>
 void launch_forward(const AttentionParams& params) {
+  // The traced build keeps the static order, so a traced or cuda-gdb run finds
+  // a tile on the CTA that locate() names.
+  const DeviceLimits device = device_limits();
+  const Schedule plan = schedule(params, Tr::kBlockM, sizeof(Element), device.multiprocessors,
+                                 device.l2_bytes);
+  const bool dynamic = Tr::kDynamicSchedule && plan.dynamic && !params.trace.enabled() &&
+                       params.workspace != nullptr && params.workspace_bytes >= sizeof(int);
   auto kernel = params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
+                : dynamic              ? dynamic_kernel<Tr, Element>()
                                        : fa3_forward_kernel<Tr, Element, false>;
   allow_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   KernelArguments args;
@@ -447,13 +524,15 @@ void launch_forward(const AttentionParams& params) {
   args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
   args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
   args.params = params;
-  const DeviceLimits device = device_limits();
-  const Schedule plan = schedule(params, Tr::kBlockM, sizeof(Element), device.multiprocessors,
-                                 device.l2_bytes);
   args.num_q_blocks = plan.num_q_blocks;
   args.num_work_tiles = plan.num_work_tiles;
   if (args.num_work_tiles == 0) return;
   args.section_heads = plan.section_heads;
+  if (dynamic) {
+    args.tile_counter = static_cast<int*>(params.workspace);
+    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(args.tile_counter, 0, sizeof(int),
+                                        static_cast<cudaStream_t>(params.stream)));
+  }
   const int grid = plan.grid;
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, static_cast<cudaStream_t>(params.stream)>>>(args);
   FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90", params);

@@ -4,7 +4,8 @@
 //
 //   persistent grid: CTA i takes work tiles i, i + grid, ... in the order of
 //   work_tile_at (fa3_wgmma_sm90.h), whose sections depend on the device's L2
-//   and the grid on its SM count (schedule());
+//   and the grid on its SM count (schedule()); under masks and varlen, tilings
+//   with kDynamicSchedule hand tiles out at run time (the traced build never);
 //   warpgroup 0 produces; consumer warpgroup 1 + row_in_block / 64 owns the
 //   row, its warp (row_in_block % 64) / 16 the 16-row slab; wgmma m64nN
 //   accumulators follow the m16n8 per-warp pattern (common/mma_accumulator_layout.h):
@@ -55,6 +56,11 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
       std::to_string(plan.section_heads) + " (batch, head) pairs; assumes " +
       std::to_string(multiprocessors) + " SMs and " + std::to_string(l2_bytes >> 20) +
       " MB of L2 (an H100 SXM): on another GPU the CTA differs, the conditions below do not";
+  if (Tr::kDynamicSchedule && plan.dynamic)
+    location.block_note +=
+        "; this problem's work tiles (unequal under its mask / varlen) are handed out at run "
+        "time in the timed build, so this CTA holds for the tile-trace build only: in the timed "
+        "build, stop on the batch/head/row condition below instead of the CTA";
 
   const int consumer = location.row_in_block / 64;
   const int warp = (location.row_in_block % 64) / 16;

@@ -4,7 +4,7 @@
 // Algorithm: a persistent grid (one CTA per SM) walks (query block, head,
 // batch) work tiles in sections of heads whose K/V fit in half the L2, longest
 // first within a section under causal masks; under masks and varlen the
-// head_dim 128 tiling hands tiles out at run time (an atomic counter: greedy,
+// head_dim 128 and 256 tilings hand tiles out at run time (an atomic counter: greedy,
 // longest first), the producer publishing each tile's index to the consumers
 // with its Q. Each CTA has three
 // warpgroups. Warpgroup 0 is the producer: after setmaxnreg drops it to 24

@@ -19,7 +19,8 @@
 //   --sweep: instead of the registered kernels and all SDPA backends, every
 //     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
 //     block sizes, warps, stages, Q in registers or shared memory;
-//     fa3_wgmma_sm90 with its static schedule; --kernels filters them) plus sdpa_flash as the yardstick (--backends overrides it).
+//     fa3_wgmma_sm90 on its static schedule alone; --kernels filters them)
+//     plus sdpa_flash as the yardstick (--backends overrides it).
 //     Each configuration first has to pass flashlab::check_kernel on a small
 //     odd causal problem (batch 1, 2 heads, seqlen 257 x 300, its head dim, the
 //     bench dtype); one that fails is reported with the reason and not timed.

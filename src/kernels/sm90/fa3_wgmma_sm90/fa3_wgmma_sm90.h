@@ -55,11 +55,24 @@ struct Traits {
   // consumers (160 registers, head_dim 64) the published tile's coordinates
   // spill 40 bytes, so head_dim 64 keeps the static order.
   static constexpr bool kDynamicSchedule = kConsumerRegisters >= 200;
-  // Tiles, then the barriers (and 8 bytes for the published work-tile index);
-  // +1024 so the base can be aligned for the swizzle.
-  static constexpr int kBarrierBytes = 8 * (2 + 4 * kStages) + 8;
+  // Work tiles overlapped: a tile's last P V is issued together with the next
+  // tile's first S, and its output is written while that S runs, so the
+  // tensor cores do not idle over the epilogue, Q's arrival and the first
+  // softmax. The next Q must have landed by then: two Q buffers, which fit
+  // where shared memory allows it (head_dim 128 at 128 x 128: 192 KB), and the
+  // extra live state needs the two-consumer register budget.
+  static constexpr int kMaxSmemBytes = 227 * 1024;
+  static constexpr int kBarrierBytes = 8 * (2 * 2 + 4 * kStages) + 8 * 2;
+  static constexpr bool kOverlapWorkTiles =
+      kConsumerRegisters >= 200 &&
+      2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024 <= kMaxSmemBytes;
+  static constexpr int kQBuffers = kOverlapWorkTiles ? 2 : 1;
+  // Tiles, then the barriers (q_full/q_empty per Q buffer, four per K/V stage,
+  // and a published work-tile index per Q buffer); +1024 so the base can be
+  // aligned for the swizzle.
   static constexpr int kSmemBytes =
-      kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
+      kQBuffers * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
+  static_assert(kSmemBytes <= kMaxSmemBytes, "tiles exceed the shared memory of a block");
 
   static_assert(HeadDim % 64 == 0, "head_dim must be whole 128-byte panels");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");

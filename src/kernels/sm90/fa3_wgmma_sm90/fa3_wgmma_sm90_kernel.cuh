@@ -18,7 +18,9 @@
 // 2, P kept in registers as the A operand of O += P V (V MN-major, transposed
 // by the descriptor). K/V tiles are walked from the last visible one down, so
 // the tiles cut by a causal diagonal come first; tiles no row of the block
-// sees are never loaded.
+// sees are never loaded. Where two Q buffers fit (head_dim 128), work tiles
+// overlap: a tile's last P V is issued with the next tile's first S, and the
+// tile's output is written while that S runs.
 //
 // Tiling: Traits<HeadDim, BlockN, Stages, Pingpong, Consumers>: BlockM = 64 x
 // consumers: 192 x 128 for head_dim 64 (three consumers at 160 registers),
@@ -94,6 +96,19 @@ __device__ __forceinline__ KeyTiles key_tiles(const AttentionParams& p, const Se
   return {keys.first / Tr::kBlockN, keys.last / Tr::kBlockN};
 }
 
+// A consumer's work tile in hand: where its rows are, the key tiles it visits,
+// the run of them no mask cuts, and its Q buffer (once known).
+struct Tile {
+  int index = -1;  // -1: no more work
+  WorkTile work{};
+  SequenceView view{};
+  int q0 = 0;
+  KeyTiles tiles{0, -1};
+  KeyRange unmasked{};
+  int q_buffer = 0;
+  __device__ bool has_keys() const { return tiles.last >= tiles.first; }
+};
+
 using sm80::fast_exp2;
 using sm80::pack2;
 
@@ -114,25 +129,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* q_smem = smem;
-  unsigned char* k_smem = q_smem + Tr::kQTileBytes;
+  unsigned char* q_smem = smem;  // kQBuffers Q tiles
+  unsigned char* k_smem = q_smem + Tr::kQBuffers * Tr::kQTileBytes;
   unsigned char* v_smem = k_smem + kStages * Tr::kKVTileBytes;
   uint64_t* barriers = reinterpret_cast<uint64_t*>(v_smem + kStages * Tr::kKVTileBytes);
-  uint64_t* q_full = barriers;
-  uint64_t* q_empty = barriers + 1;
-  uint64_t* k_full = barriers + 2;
+  uint64_t* q_full = barriers;  // one per Q buffer
+  uint64_t* q_empty = q_full + 2;
+  uint64_t* k_full = q_empty + 2;
   uint64_t* v_full = k_full + kStages;
   uint64_t* k_empty = v_full + kStages;  // K and V are released apart: K after S,
   uint64_t* v_empty = k_empty + kStages;  // V after P V, one tile later
-  // The producer publishes each work tile's index here before q_full completes
-  // (-1: no more work); the consumers read it after waiting on q_full.
+  // The producer publishes each work tile's index in its Q buffer's slot
+  // before q_full completes (-1: no more work); the consumers read it after
+  // waiting on q_full.
   int* published_tile = reinterpret_cast<int*>(v_empty + kStages);
   constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
 
   const int warpgroup = threadIdx.x / 128;
   if (threadIdx.x == 0) {
-    sm90::mbarrier_init(q_full, 1);
-    sm90::mbarrier_init(q_empty, kConsumerWarps);
+    for (int b = 0; b < Tr::kQBuffers; ++b) {
+      sm90::mbarrier_init(&q_full[b], 1);
+      sm90::mbarrier_init(&q_empty[b], kConsumerWarps);
+    }
     for (int s = 0; s < kStages; ++s) {
       sm90::mbarrier_init(&k_full[s], 1);
       sm90::mbarrier_init(&v_full[s], 1);
@@ -142,6 +160,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     sm90::fence_barrier_init();
   }
   __syncthreads();
+
+  // Q buffers are taken in turn by the work tiles that load (or, dynamic,
+  // publish) one: iteration i uses buffer i % kQBuffers, phase (i / kQBuffers) & 1.
+  const auto q_buffer_of = [](uint32_t iteration) { return int(iteration % Tr::kQBuffers); };
+  const auto q_phase_of = [](uint32_t iteration) { return (iteration / Tr::kQBuffers) & 1; };
 
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
@@ -159,6 +182,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       SequenceView view{};
       int q0 = 0;
       KeyTiles tiles{0, -1};
+      const int q_buffer = q_buffer_of(q_iteration);
       if constexpr (Dynamic) {
         // Tiles past a varlen sequence's rows have nothing to write: never
         // published. Rows that see no key are published without a Q (the
@@ -169,16 +193,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           q0 = work.q_block * kBM;
           if (q0 < view.seqlen_q) break;
         }
-        sm90::mbarrier_wait(q_empty, (q_iteration & 1) ^ 1);
+        sm90::mbarrier_wait(&q_empty[q_buffer], q_phase_of(q_iteration) ^ 1);
         ++q_iteration;
-        *published_tile = index < args.num_work_tiles ? index : -1;
+        published_tile[q_buffer] = index < args.num_work_tiles ? index : -1;
         if (index >= args.num_work_tiles) {
-          sm90::mbarrier_arrive(q_full);
+          sm90::mbarrier_arrive(&q_full[q_buffer]);
           break;
         }
         tiles = key_tiles<Tr>(p, view, q0);
         if (tiles.last < tiles.first) {
-          sm90::mbarrier_arrive(q_full);
+          sm90::mbarrier_arrive(&q_full[q_buffer]);
           continue;
         }
       } else {
@@ -189,16 +213,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         if (q0 >= view.seqlen_q) continue;
         tiles = key_tiles<Tr>(p, view, q0);
         if (tiles.last < tiles.first) continue;
-        sm90::mbarrier_wait(q_empty, (q_iteration & 1) ^ 1);
+        sm90::mbarrier_wait(&q_empty[q_buffer], q_phase_of(q_iteration) ^ 1);
         ++q_iteration;
       }
       const int batch_coordinate = p.is_varlen() ? 0 : work.batch;
       const int kv_head = work.head / (p.heads / p.kv_heads);
-      sm90::mbarrier_arrive_expect_tx(q_full, Tr::kQTileBytes);
+      sm90::mbarrier_arrive_expect_tx(&q_full[q_buffer], Tr::kQTileBytes);
 #pragma unroll 1  // the producer has 24 registers
       for (int panel = 0; panel < Tr::kPanels; ++panel)
-        sm90::tma_load_4d(q_smem + panel * kBM * 128, &args.q_map, q_full, panel * 64,
-                          view.q_row0 + q0, work.head, batch_coordinate);
+        sm90::tma_load_4d(q_smem + q_buffer * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
+                          &q_full[q_buffer], panel * 64, view.q_row0 + q0, work.head,
+                          batch_coordinate);
 
       for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
         const int stage = kv_iteration % kStages;
@@ -241,31 +266,59 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (Tr::kPingpong && consumer == Tr::kConsumers - 1) sm90::named_barrier_arrive(1, 256);
 
   uint32_t kv_iteration = 0, q_iteration = 0;
-  for (int index = blockIdx.x;; index += gridDim.x) {
+  const auto describe = [&](int index, int q_buffer) {
+    Tile t;
+    t.index = index;
+    t.q_buffer = q_buffer;
+    if (index < 0) return t;
+    t.work = work_tile(args, index);
+    t.view = sequence_view(p, t.work.batch);
+    t.q0 = t.work.q_block * kBM;
+    t.tiles = key_tiles<Tr>(p, t.view, t.q0);
+    t.unmasked = unmasked_key_tiles(t.q0, t.q0 + kBM - 1, t.view.seqlen_q, t.view.seqlen_k,
+                                    p.window_left, p.window_right, kBN);
+    return t;
+  };
+  // The next work tile from `candidate` on. Dynamic: as the producer published
+  // it (waits for its Q; lane 0 reads the slot and passes it on, since lane 0
+  // releases q_empty, after which the producer may overwrite the slot); a
+  // key-less tile's Q buffer is released at once (one arrival per consumer
+  // warp, as after a tile's last S). Static: tiles past a varlen sequence's
+  // rows are skipped; the Q of a tile with keys is waited for by the caller.
+  const auto acquire = [&](int candidate) {
     if constexpr (Dynamic) {
-      // The next work tile, as the producer published it (its Q has landed).
-      // Lane 0 reads the slot and passes it on: lane 0 is the one that
-      // releases q_empty, after which the producer overwrites the slot.
-      sm90::mbarrier_wait(q_full, q_iteration & 1);
+      const int q_buffer = q_buffer_of(q_iteration);
+      sm90::mbarrier_wait(&q_full[q_buffer], q_phase_of(q_iteration));
       ++q_iteration;
       int published = 0;
-      if (lane == 0) published = *published_tile;
-      index = __shfl_sync(0xffffffffu, published, 0);
-      if (index < 0) break;
+      if (lane == 0) published = published_tile[q_buffer];
+      const Tile t = describe(__shfl_sync(0xffffffffu, published, 0), q_buffer);
+      if (t.index >= 0 && !t.has_keys() && lane == 0) sm90::mbarrier_arrive(&q_empty[q_buffer]);
+      return t;
     } else {
-      if (index >= args.num_work_tiles) break;
+      for (; candidate < args.num_work_tiles; candidate += gridDim.x) {
+        const Tile t = describe(candidate, 0);
+        if (t.q0 < t.view.seqlen_q) return t;
+      }
+      return describe(-1, 0);
     }
-    const WorkTile work = work_tile(args, index);
-    const SequenceView view = sequence_view(p, work.batch);
-    const int q0 = work.q_block * kBM;
-    if (!Dynamic && q0 >= view.seqlen_q) continue;
-    const KeyTiles tiles = key_tiles<Tr>(p, view, q0);
-    // Dynamic, no key: no Q was loaded, the slot is free at once (one arrival
-    // per consumer warp, as after a tile's last S).
-    if (Dynamic && tiles.last < tiles.first && lane == 0) sm90::mbarrier_arrive(q_empty);
+  };
+  // Static: the Q of a tile with keys (its buffer is the next in turn).
+  const auto wait_q = [&](Tile& t) {
+    if constexpr (!Dynamic) {
+      t.q_buffer = q_buffer_of(q_iteration);
+      sm90::mbarrier_wait(&q_full[t.q_buffer], q_phase_of(q_iteration));
+      ++q_iteration;
+    }
+  };
 
-    float acc_o[kD / 2];
-    float row_max[2], row_sum[2];
+  Tile cur = acquire(blockIdx.x);
+  float acc_o[kD / 2];
+  float row_max[2], row_sum[2];
+  float acc_s[kBN / 2];
+  uint32_t p_frag[kBN / 16][4];
+  float correction[2];
+  const auto reset_rows = [&] {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) acc_o[i] = 0.f;
 #pragma unroll
@@ -273,155 +326,184 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       row_max[h] = -INFINITY;
       row_sum[h] = 0.f;
     }
+  };
 
-    if (tiles.last >= tiles.first) {
-      if constexpr (!Dynamic) {
-        sm90::mbarrier_wait(q_full, q_iteration & 1);
-        ++q_iteration;
+  // S = Q K^T for the tile in `stage`: 64 rows of this consumer x kBN keys.
+  auto issue_qk = [&](int stage, int q_buffer) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const uint32_t column_bytes = (ks % 4) * 32;  // k16 step within a 128-byte row
+      const uint64_t desc_q = sm90::make_smem_descriptor_sw128(
+          q_address + q_buffer * Tr::kQTileBytes + (ks / 4) * kBM * 128 + consumer * 64 * 128 +
+              column_bytes,
+          16, 1024);
+      const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
+          k_address + stage * Tr::kKVTileBytes + (ks / 4) * kBN * 128 + column_bytes, 16, 1024);
+      sm90::wgmma_ss<kBN, Element>(acc_s, desc_q, desc_k, ks > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  // O += P V: V is (keys x head_dim) with head_dim contiguous, i.e. MN-major.
+  auto issue_pv = [&](int stage) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t desc_v = sm90::make_smem_descriptor_sw128(
+          v_address + stage * Tr::kKVTileBytes + kk * 16 * 128, kBN * 128, 1024);
+      sm90::wgmma_rs<kD, Element>(acc_o, p_frag[kk], desc_v, 1);
+    }
+    sm90::wgmma_commit();
+  };
+  // Mask, then the online softmax in base 2 for key tile `tile` of `cur`: P
+  // overwrites S; `correction` gets each row's factor for O (applied once O is
+  // no longer in flight).
+  auto softmax = [&](int tile, bool needs_mask) {
+    const int k0 = tile * kBN;
+    if (needs_mask) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = cur.q0 + warp_row0 + group + h * 8;
+        const KeyRange visible = visible_keys(row, cur.view.seqlen_q, cur.view.seqlen_k,
+                                              p.window_left, p.window_right);
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = k0 + n * 8 + thread_in_group * 2 + e;
+            if (!visible.contains(key)) acc_s[n * 4 + h * 2 + e] = -INFINITY;
+          }
       }
-
-      float acc_s[kBN / 2];
-      uint32_t p_frag[kBN / 16][4];
-      // S = Q K^T for the tile in `stage`: 64 rows of this consumer x kBN keys.
-      auto issue_qk = [&](int stage) {
-        sm90::wgmma_fence();
+    }
 #pragma unroll
-        for (int ks = 0; ks < kD / 16; ++ks) {
-          const uint32_t column_bytes = (ks % 4) * 32;  // k16 step within a 128-byte row
-          const uint64_t desc_q = sm90::make_smem_descriptor_sw128(
-              q_address + (ks / 4) * kBM * 128 + consumer * 64 * 128 + column_bytes, 16, 1024);
-          const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
-              k_address + stage * Tr::kKVTileBytes + (ks / 4) * kBN * 128 + column_bytes, 16,
-              1024);
-          sm90::wgmma_ss<kBN, Element>(acc_s, desc_q, desc_k, ks > 0);
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = row_max[h];
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+        tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      float offset;
+      correction[h] = online_softmax_rescale(row_max[h], tile_max, scale_log2, offset, exp2);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& value = acc_s[n * 4 + h * 2 + e];
+          value = softmax_probability(value, scale_log2, offset, exp2);
+          sum += value;
         }
-        sm90::wgmma_commit();
-      };
-      // O += P V: V is (keys x head_dim) with head_dim contiguous, i.e. MN-major.
-      auto issue_pv = [&](int stage) {
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          const uint64_t desc_v = sm90::make_smem_descriptor_sw128(
-              v_address + stage * Tr::kKVTileBytes + kk * 16 * 128, kBN * 128, 1024);
-          sm90::wgmma_rs<kD, Element>(acc_o, p_frag[kk], desc_v, 1);
+      row_sum[h] = row_sum[h] * correction[h] + sum;
+      if constexpr (Trace) {
+        const float running_sum = quad_sum(row_sum[h]);  // the row's l (whole warp)
+        const int row = cur.q0 + warp_row0 + group + h * 8;
+        if (thread_in_group == 0 && row < cur.view.seqlen_q) {
+          // Plain locals, so a cuda-gdb condition can name them.
+          const int batch = cur.work.batch, head = cur.work.head;
+          const float running_max = row_max[h] * p.softmax_scale;  // natural-log units
+          // cuda-gdb: the online-softmax state of this row after `tile` (tests/debug uses this line).
+          record_tile_state(p, batch, head, row, tile, running_max, running_sum);
         }
-        sm90::wgmma_commit();
-      };
-      // Mask, then the online softmax in base 2: P overwrites S; returns each
-      // row's factor for O (applied once O is no longer in flight).
-      auto softmax = [&](int tile, bool needs_mask, float (&correction)[2]) {
-        const int k0 = tile * kBN;
-        if (needs_mask) {
+      }
+    }
+  };
+  auto rescale_o = [&] {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = q0 + warp_row0 + group + h * 8;
-            const KeyRange visible =
-                visible_keys(row, view.seqlen_q, view.seqlen_k, p.window_left, p.window_right);
+    for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
-            for (int n = 0; n < kBN / 8; ++n)
+      for (int h = 0; h < 2; ++h) {
+        acc_o[n * 4 + h * 2] *= correction[h];
+        acc_o[n * 4 + h * 2 + 1] *= correction[h];
+      }
+  };
+  // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
+  auto convert_p = [&] {
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int key = k0 + n * 8 + thread_in_group * 2 + e;
-                if (!visible.contains(key)) acc_s[n * 4 + h * 2 + e] = -INFINITY;
-              }
-          }
-        }
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      p_frag[kk][0] = pack2<Element>(acc_s[kk * 8 + 0], acc_s[kk * 8 + 1]);
+      p_frag[kk][1] = pack2<Element>(acc_s[kk * 8 + 2], acc_s[kk * 8 + 3]);
+      p_frag[kk][2] = pack2<Element>(acc_s[kk * 8 + 4], acc_s[kk * 8 + 5]);
+      p_frag[kk][3] = pack2<Element>(acc_s[kk * 8 + 6], acc_s[kk * 8 + 7]);
+    }
+  };
+  // Pingpong: the two consumers take turns to issue their GEMMs (named
+  // barriers 1 and 2), so one's softmax runs under the other's matmuls.
+  auto wait_turn = [&] {
+    if constexpr (Tr::kPingpong) sm90::named_barrier_sync(1 + consumer, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (Tr::kPingpong)
+      sm90::named_barrier_arrive(1 + (consumer + 1) % Tr::kConsumers, 256);
+  };
+  auto release = [&](uint64_t* barrier) {
+    if (lane == 0) sm90::mbarrier_arrive(barrier);
+  };
+  // A tile needs the mask when it reaches past the sequence end or a mask
+  // edge crosses it (the highest tiles: causal diagonal, window's right
+  // edge; the lowest: its left edge). unmasked_key_tiles gives the same
+  // answer as an interval (tests/cpu/test_visible_keys.cpp); the per-tile
+  // form stays for the branchy loop, whose code generation (head_dim 64, no
+  // spills) was measured with it.
+  const auto needs_mask = [&](int tile) {
+    if constexpr (Tr::kMaskFreeSteps) return !cur.unmasked.contains(tile);
+    const int k0 = tile * kBN;
+    return k0 + kBN > cur.view.seqlen_k ||
+           !tile_fully_visible(cur.q0, cur.q0 + kBM - 1, k0, k0 + kBN - 1, cur.view.seqlen_q,
+                               cur.view.seqlen_k, p.window_left, p.window_right);
+  };
+  // The first key tile's S (in the K stage of kv_iteration), then its softmax
+  // and P: what every later step builds on.
+  const auto first_softmax = [&] {
+    const int stage = kv_iteration % kStages;
+    sm90::wgmma_wait<0>();
+    sm90::fence_registers(acc_s);
+    release(&k_empty[stage]);
+    if (cur.tiles.first == cur.tiles.last) release(&q_empty[cur.q_buffer]);
+    softmax(cur.tiles.last, needs_mask(cur.tiles.last));
+    convert_p();
+  };
+  // Normalize, write LSE and O of `t` (the rows' state in acc_o, row_max, row_sum).
+  const auto finalize = [&](const Tile& t) {
+    Element* o_ptr = static_cast<Element*>(p.out) + t.view.out_offset +
+                     static_cast<int64_t>(t.work.head) * p.out_head_stride;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float tile_max = row_max[h];
-#pragma unroll
-          for (int n = 0; n < kBN / 8; ++n)
-            tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          float offset;
-          correction[h] = online_softmax_rescale(row_max[h], tile_max, scale_log2, offset, exp2);
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < kBN / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& value = acc_s[n * 4 + h * 2 + e];
-              value = softmax_probability(value, scale_log2, offset, exp2);
-              sum += value;
-            }
-          row_sum[h] = row_sum[h] * correction[h] + sum;
-          if constexpr (Trace) {
-            const float running_sum = quad_sum(row_sum[h]);  // the row's l (whole warp)
-            const int row = q0 + warp_row0 + group + h * 8;
-            if (thread_in_group == 0 && row < view.seqlen_q) {
-              // Plain locals, so a cuda-gdb condition can name them.
-              const int batch = work.batch, head = work.head;
-              const float running_max = row_max[h] * p.softmax_scale;  // natural-log units
-              // cuda-gdb: the online-softmax state of this row after `tile` (tests/debug uses this line).
-              record_tile_state(p, batch, head, row, tile, running_max, running_sum);
-            }
-          }
-        }
-      };
-      auto rescale_o = [&](const float (&correction)[2]) {
+    for (int h = 0; h < 2; ++h) {
+      float sum = row_sum[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
+      const float inv_sum = result.inverse_sum;
+      const int row = t.q0 + warp_row0 + group + h * 8;
+      if (row < t.view.seqlen_q) {
+        if (p.lse != nullptr && thread_in_group == 0)
+          p.lse[t.work.batch * p.lse_batch_stride + t.work.head * p.lse_head_stride +
+                t.view.lse_row0 + row] = result.lse;
+        Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
 #pragma unroll
         for (int n = 0; n < kD / 8; ++n)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            acc_o[n * 4 + h * 2] *= correction[h];
-            acc_o[n * 4 + h * 2 + 1] *= correction[h];
-          }
-      };
-      // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
-      auto convert_p = [&] {
-#pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          p_frag[kk][0] = pack2<Element>(acc_s[kk * 8 + 0], acc_s[kk * 8 + 1]);
-          p_frag[kk][1] = pack2<Element>(acc_s[kk * 8 + 2], acc_s[kk * 8 + 3]);
-          p_frag[kk][2] = pack2<Element>(acc_s[kk * 8 + 4], acc_s[kk * 8 + 5]);
-          p_frag[kk][3] = pack2<Element>(acc_s[kk * 8 + 6], acc_s[kk * 8 + 7]);
-        }
-      };
-      // Pingpong: the two consumers take turns to issue their GEMMs (named
-      // barriers 1 and 2), so one's softmax runs under the other's matmuls.
-      auto wait_turn = [&] {
-        if constexpr (Tr::kPingpong) sm90::named_barrier_sync(1 + consumer, 256);
-      };
-      auto pass_turn = [&] {
-        if constexpr (Tr::kPingpong)
-          sm90::named_barrier_arrive(1 + (consumer + 1) % Tr::kConsumers, 256);
-      };
-      auto release = [&](uint64_t* barrier) {
-        if (lane == 0) sm90::mbarrier_arrive(barrier);
-      };
+          *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
+              pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
+      }
+    }
+  };
 
-      // A tile needs the mask when it reaches past the sequence end or a mask
-      // edge crosses it (the highest tiles: causal diagonal, window's right
-      // edge; the lowest: its left edge). unmasked_key_tiles gives the same
-      // answer as an interval (tests/cpu/test_visible_keys.cpp); the per-tile
-      // form stays for the branchy loop, whose code generation (head_dim 64, no
-      // spills) was measured with it.
-      const KeyRange unmasked = unmasked_key_tiles(q0, q0 + kBM - 1, view.seqlen_q, view.seqlen_k,
-                                                   p.window_left, p.window_right, kBN);
-      const auto needs_mask = [&](int tile) {
-        if constexpr (Tr::kMaskFreeSteps) return !unmasked.contains(tile);
-        const int k0 = tile * kBN;
-        return k0 + kBN > view.seqlen_k ||
-               !tile_fully_visible(q0, q0 + kBM - 1, k0, k0 + kBN - 1, view.seqlen_q,
-                                   view.seqlen_k, p.window_left, p.window_right);
-      };
-
-      // Prologue: S for the first (highest) tile.
-      int stage = kv_iteration % kStages;
-      uint32_t phase = (kv_iteration / kStages) & 1;
-      float correction[2];
-      sm90::mbarrier_wait(&k_full[stage], phase);
-      wait_turn();
-      issue_qk(stage);
-      pass_turn();
-      sm90::wgmma_wait<0>();
-      sm90::fence_registers(acc_s);
-      release(&k_empty[stage]);
-      if (tiles.first == tiles.last) release(q_empty);
-      softmax(tiles.last, needs_mask(tiles.last), correction);
-      convert_p();
+  bool started = false;  // cur's first S and softmax done (by the previous tile's tail)
+  while (cur.index >= 0) {
+    if (!started) reset_rows();
+    Tile next;
+    next.index = -2;  // not acquired yet
+    if (cur.has_keys()) {
+      if (!started) {
+        wait_q(cur);
+        // Prologue: S for the first (highest) tile.
+        sm90::mbarrier_wait(&k_full[kv_iteration % kStages], (kv_iteration / kStages) & 1);
+        wait_turn();
+        issue_qk(kv_iteration % kStages, cur.q_buffer);
+        pass_turn();
+        first_softmax();
+      }
+      started = false;
 
       // Steady state: S of the next tile and P V of this one in flight
       // together; the softmax of the next tile runs while P V finishes. With
@@ -429,39 +511,67 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // the step, not a branch inside it: ptxas moves the wait for P V up to
       // the first branch join after the issue, which puts the softmax behind P V.
       auto step = [&](int tile, auto masked) {
+        const int stage = kv_iteration % kStages;
+        const uint32_t phase = (kv_iteration / kStages) & 1;
         const int next_stage = (kv_iteration + 1) % kStages;
         const uint32_t next_phase = ((kv_iteration + 1) / kStages) & 1;
         sm90::mbarrier_wait(&k_full[next_stage], next_phase);
         sm90::mbarrier_wait(&v_full[stage], phase);
         wait_turn();
-        issue_qk(next_stage);
+        issue_qk(next_stage, cur.q_buffer);
         issue_pv(stage);
         pass_turn();
         sm90::wgmma_wait<1>();  // S of the next tile is done; P V may still run
         sm90::fence_registers(acc_s);
         release(&k_empty[next_stage]);
-        if (tile == tiles.first) release(q_empty);
-        softmax(tile, bool(masked), correction);
+        if (tile == cur.tiles.first) release(&q_empty[cur.q_buffer]);
+        softmax(tile, bool(masked));
         sm90::wgmma_wait<0>();
         sm90::fence_registers(acc_o);
         release(&v_empty[stage]);
-        rescale_o(correction);
+        rescale_o();
         convert_p();
         ++kv_iteration;
-        stage = next_stage;
-        phase = next_phase;
       };
       if constexpr (Tr::kMaskFreeSteps) {
-        int tile = tiles.last - 1;
-        for (; tile >= tiles.first && tile > unmasked.last; --tile) step(tile, std::true_type{});
-        for (; tile >= tiles.first && tile >= unmasked.first; --tile) step(tile, std::false_type{});
-        for (; tile >= tiles.first; --tile) step(tile, std::true_type{});
+        int tile = cur.tiles.last - 1;
+        for (; tile >= cur.tiles.first && tile > cur.unmasked.last; --tile)
+          step(tile, std::true_type{});
+        for (; tile >= cur.tiles.first && tile >= cur.unmasked.first; --tile)
+          step(tile, std::false_type{});
+        for (; tile >= cur.tiles.first; --tile) step(tile, std::true_type{});
       } else {
-        for (int tile = tiles.last - 1; tile >= tiles.first; --tile) step(tile, needs_mask(tile));
+        for (int tile = cur.tiles.last - 1; tile >= cur.tiles.first; --tile)
+          step(tile, needs_mask(tile));
       }
 
-      // Epilogue: P V of the last tile.
-      sm90::mbarrier_wait(&v_full[stage], phase);
+      const int stage = kv_iteration % kStages;
+      sm90::mbarrier_wait(&v_full[stage], (kv_iteration / kStages) & 1);
+      if constexpr (Tr::kOverlapWorkTiles) {
+        // Tail: the last P V together with the next tile's first S (its Q is
+        // in the other buffer), this tile's output written while S runs.
+        next = acquire(cur.index + gridDim.x);
+        if (next.index >= 0 && next.has_keys()) {
+          wait_q(next);
+          const int next_stage = (kv_iteration + 1) % kStages;
+          sm90::mbarrier_wait(&k_full[next_stage], ((kv_iteration + 1) / kStages) & 1);
+          wait_turn();
+          issue_pv(stage);
+          issue_qk(next_stage, next.q_buffer);
+          pass_turn();
+          sm90::wgmma_wait<1>();  // P V is done; S of the next tile may still run
+          sm90::fence_registers(acc_o);
+          release(&v_empty[stage]);
+          ++kv_iteration;
+          finalize(cur);
+          reset_rows();
+          cur = next;
+          first_softmax();
+          started = true;
+          continue;
+        }
+      }
+      // The last P V alone.
       wait_turn();
       issue_pv(stage);
       pass_turn();
@@ -470,29 +580,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       release(&v_empty[stage]);
       ++kv_iteration;
     }
-
-    // Finalize: reduce the row sums over the quad, normalize, write LSE and O.
-    Element* o_ptr = static_cast<Element*>(p.out) + view.out_offset +
-                     static_cast<int64_t>(work.head) * p.out_head_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = row_sum[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
-      const float inv_sum = result.inverse_sum;
-      const int row = q0 + warp_row0 + group + h * 8;
-      if (row < view.seqlen_q) {
-        if (p.lse != nullptr && thread_in_group == 0)
-          p.lse[work.batch * p.lse_batch_stride + work.head * p.lse_head_stride + view.lse_row0 +
-                row] = result.lse;
-        Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n)
-          *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
-              pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
-      }
-    }
+    finalize(cur);
+    cur = next.index != -2 ? next : acquire(cur.index + gridDim.x);
   }
 }
 

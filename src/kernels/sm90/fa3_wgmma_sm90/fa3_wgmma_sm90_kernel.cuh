@@ -24,10 +24,11 @@
 //
 // Tiling: Traits<HeadDim, BlockN, Stages, Pingpong, Consumers>: BlockM = 64 x
 // consumers: 192 x 128 for head_dim 64 (three consumers at 160 registers),
-// 128 x 128 for 128, 128 x 80 for 256 (two at 240); shared memory Q + 2
-// stages of K and V = 88 / 160 / 224 KB. (H100 smoke, bf16, 16k tokens:
-// 192 rows beat 128 at head_dim 64 by 17-36%; key tiles of 80 beat 64 at 256
-// by 2-11%; 176 beat 128 at head_dim 128 only at 16k non-causal, so 128.) Shared tiles are stored as 64-column
+// 128 x 128 for 128, 128 x 80 for 256 (two at 240); shared memory Q (two
+// buffers at 128) + 2 stages of K and V = 88 / 192 / 224 KB. (H100 smoke,
+// bf16, 16k tokens: 192 rows beat 128 at head_dim 64 by 17-36%; key tiles of
+// 80 beat 64 at 256 by 2-11%; 176 beat 128 at head_dim 128 only at 16k
+// non-causal, and spills now, so 128.) Shared tiles are stored as 64-column
 // panels of 128-byte rows (TMA box inner size = one swizzle row).
 //
 // Limits: fp16 / bf16, head_dim 64 / 128 / 256, compute capability 9.0 built

@@ -106,10 +106,10 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   // Every build: the steady-state loop, right after the tile's softmax (the
   // first visited tile's softmax is the prologue's: not this line).
   CudaGdbStop loop;
-  loop.marker = "softmax(tile, bool(masked), correction);";
+  loop.marker = "softmax(tile, bool(masked));";
   loop.line_offset = 1;
-  loop.condition = "tile == {tile} && work.q_block == " + std::to_string(location.query_block) +
-                   " && work.head == " + std::to_string(head) + " && work.batch == " +
+  loop.condition = "tile == {tile} && cur.work.q_block == " + std::to_string(location.query_block) +
+                   " && cur.work.head == " + std::to_string(head) + " && cur.work.batch == " +
                    std::to_string(batch) + " && threadIdx.x == " + std::to_string(out.thread[0]);
   loop.prints = {"tile", "row_max" + state_index, "row_max" + state_index + " * p.softmax_scale",
                  "row_sum" + state_index};

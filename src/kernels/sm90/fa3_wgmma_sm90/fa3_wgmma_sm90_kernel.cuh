@@ -2,8 +2,9 @@
 // Hopper (sm_90a only): TMA loads, wgmma, warp specialization.
 //
 // Algorithm: a persistent grid (one CTA per SM) walks (query block, head,
-// batch) work tiles in sections of heads whose K/V fit in half the L2, longest
-// first within a section under causal masks; under masks and varlen the
+// batch) work tiles in sections of heads whose K/V fit in a quarter of the L2
+// (half under masks), longest first within a section under causal masks;
+// under masks and varlen the
 // head_dim 128 and 256 tilings hand tiles out at run time (an atomic counter: greedy,
 // longest first), the producer publishing each tile's index to the consumers
 // with its Q. Each CTA has three

@@ -137,7 +137,8 @@ def simulate(tr, q, k, v, do, o, lse, scale, wl, wr, n_block):
     acc_dk = [None] * tr.W; acc_dv = [None] * tr.W
     for w in range(tr.W):
         acc_dk[w] = new_acc(tr.KvMT, tr.KvNT); acc_dv[w] = new_acc(tr.KvMT, tr.KvNT)
-    dq = np.zeros_like(q)
+    # The dq accumulator of one head: whole BM-row blocks in fragment order.
+    dq_accum = np.zeros(((sq + BM - 1) // BM) * BM * D)
     scale_log2 = scale * math.log2(math.e)
     for j in range(m_count):
         m0 = (m_begin + j) * BM
@@ -190,15 +191,11 @@ def simulate(tr, q, k, v, do, o, lse, scale, wl, wr, n_block):
                 acc_dq = new_acc(tr.DqMT, tr.DqChunkNT)
                 warp_gemm(acc_dq, dSf, a_lane, Kf, b_lane, False, True, BN // 16, tr.PS, tr.S)
                 for l in range(32):
-                    qr, qc = l // 4, l % 4
                     for mt in range(tr.DqMT):
-                      for h in range(2):
-                        row = m0 + dq_row0 + mt * 16 + qr + h * 8
-                        if row < sq:
-                            for n in range(tr.DqChunkNT):
-                                col = dq_col0 + chunk * tr.DqChunkCols + qc * 2 + n * 8
-                                dq[row, col] += acc_dq[mt][n][l][h * 2]
-                                dq[row, col + 1] += acc_dq[mt][n][l][h * 2 + 1]
+                        for n in range(tr.DqChunkNT):
+                            group = dq_fragment_group(tr, w, chunk, mt, n)
+                            for i in range(4):
+                                dq_accum[m0 * D + group * 128 + slot_of(l, i)] += acc_dq[mt][n][l][i]
     dk = np.full((keys_here, D), np.nan); dv = np.full((keys_here, D), np.nan)
     for w in range(tr.W):
         kv_row0 = (w // tr.KvWD) * 32; kv_col0 = (w % tr.KvWD) * tr.KvCols
@@ -214,7 +211,35 @@ def simulate(tr, q, k, v, do, o, lse, scale, wl, wr, n_block):
                             dk[row, col + 1] = acc_dk[w][mt][n][l][h * 2 + 1] * scale
                             dv[row, col] = acc_dv[w][mt][n][l][h * 2]
                             dv[row, col + 1] = acc_dv[w][mt][n][l][h * 2 + 1]
-    return dq * scale, dk, dv
+    return dq_accum, dk, dv
+
+# The accumulator's fragment order (fa2_mma_sm80_bwd_kernel.cuh): 128-float groups
+# per (warp, chunk, m16 tile, n8 tile); value i of a lane at lane * 4 + i (sm_90)
+# or i * 32 + lane (sm_80).
+SLOT_ORDERS = {"sm90": lambda l, i: l * 4 + i, "sm80": lambda l, i: i * 32 + l}
+slot_of = SLOT_ORDERS["sm90"]
+
+def dq_fragment_group(tr, w, chunk, mt, n):
+    return ((w * tr.DqChunks + chunk) * tr.DqMT + mt) * tr.DqChunkNT + n
+
+def convert_dq(tr, dq_accum, sq, scale):
+    # The convert kernel: one (group, lane) a thread, back to rows and columns.
+    dq = np.zeros((sq, tr.D))
+    lanes_per_block = tr.BM * tr.D // 4
+    for index in range(dq_accum.size // 4):
+        m_block, within = divmod(index, lanes_per_block)
+        group, l = divmod(within, 32)
+        n = group % tr.DqChunkNT
+        mt = group // tr.DqChunkNT % tr.DqMT
+        chunk = group // (tr.DqChunkNT * tr.DqMT) % tr.DqChunks
+        w = group // (tr.DqChunkNT * tr.DqMT * tr.DqChunks)
+        row = m_block * tr.BM + (w // tr.DqWD) * tr.DqRows + mt * 16 + l // 4
+        col = (w % tr.DqWD) * tr.DqCols + chunk * tr.DqChunkCols + n * 8 + (l % 4) * 2
+        for i in range(4):
+            r = row + 8 * (i // 2)
+            if r < sq:
+                dq[r, col + i % 2] = dq_accum[m_block * tr.BM * tr.D + group * 128 + slot_of(l, i)] * scale
+    return dq
 
 def run(D, BM, BN, sq, sk, wl, wr, seed=0):
     rng = np.random.default_rng(seed)
@@ -223,10 +248,11 @@ def run(D, BM, BN, sq, sk, wl, wr, seed=0):
     do = rng.standard_normal((sq, D))
     scale = 1 / math.sqrt(D)
     o, lse, dq_ref, dk_ref, dv_ref = reference(q, k, v, do, scale, wl, wr)
-    dq = np.zeros_like(q); dk = np.zeros_like(k); dv = np.zeros_like(v)
+    dq_accum = np.zeros(((sq + BM - 1) // BM) * BM * D); dk = np.zeros_like(k); dv = np.zeros_like(v)
     for nb in range((sk + BN - 1) // BN):
         a, b, c = simulate(tr, q, k, v, do, o, lse, scale, wl, wr, nb)
-        dq += a; dk[nb * BN: nb * BN + b.shape[0]] = b; dv[nb * BN: nb * BN + c.shape[0]] = c
+        dq_accum += a; dk[nb * BN: nb * BN + b.shape[0]] = b; dv[nb * BN: nb * BN + c.shape[0]] = c
+    dq = convert_dq(tr, dq_accum, sq, scale)
     errs = [np.abs(dq - dq_ref).max(), np.abs(dk - dk_ref).max(), np.abs(dv - dv_ref).max()]
     ok = all(e < 1e-9 for e in errs) and not np.isnan(dk).any() and not np.isnan(dv).any()
     print(f"D={D} {BM}x{BN} sq={sq} sk={sk} wl={wl} wr={wr}: dq {errs[0]:.2e} dk {errs[1]:.2e} dv {errs[2]:.2e} {'OK' if ok else 'FAIL'}")
@@ -249,10 +275,13 @@ if __name__ == "__main__":
         (32, 128, 128, 130, 129, 20, 20),
         (64, 128, 128, 1, 7, -1, -1),
     ]
-    sel = sys.argv[1:] 
+    sel = sys.argv[1:]
     allok = True
-    for c in cases:
-        if sel and str(c[0]) not in sel: continue
-        allok &= run(*c)
+    for order in SLOT_ORDERS:
+        slot_of = SLOT_ORDERS[order]
+        print(f"dq accumulator slot order {order}")
+        for c in cases:
+            if sel and str(c[0]) not in sel: continue
+            allok &= run(*c)
     print("ALL OK" if allok else "SOME FAILED")
     sys.exit(0 if allok else 1)

@@ -104,9 +104,10 @@ struct AttentionBackwardParams : AttentionParams {
   // (lse_batch_stride, lse_head_stride and the varlen row offset).
   float* softmax_d = nullptr;
 
-  // float32 accumulator for dq, (batch, seqlen_q, heads, head_dim) with these
-  // strides (varlen: packed rows), zeroed before the launch: kernels that walk
-  // query tiles per key tile add partial dq here and convert at the end.
+  // float32 accumulator for dq, zeroed before the launch: kernels that walk
+  // query tiles per key tile add partial dq here and convert at the end. Its
+  // layout is the kernel's: a sequence starts batch * dq_accum_batch_stride
+  // elements in (varlen: plus its first packed row * dq_accum_row_stride).
   float* dq_accum = nullptr;
   int64_t dq_accum_batch_stride = 0, dq_accum_row_stride = 0, dq_accum_head_stride = 0;
 

@@ -180,19 +180,22 @@ __device__ __forceinline__ float2 unpack2(uint32_t packed) {
   }
 }
 
-// address[0] += a, address[1] += b in global memory, no result returned
-// (red.global.add: relaxed, gpu scope). One 8-byte vector reduction on sm_90
-// and newer, two scalar ones before; address 8-byte aligned. Reductions of one
-// thread to one address take effect in program order.
-__device__ __forceinline__ void red_add_f32x2(float* address, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(a), "f"(b)
-               : "memory");
-#else
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(a) : "memory");
-  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address + 1), "f"(b) : "memory");
-#endif
+// *address += value in global memory, no result returned (red.global.add:
+// relaxed, gpu scope). Reductions of one thread to one address take effect in
+// program order.
+__device__ __forceinline__ void red_add_f32(float* address, float value) {
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(value) : "memory");
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// address[0..3] += a, b, c, d in one 16-byte vector reduction (sm_90 and
+// newer); address 16-byte aligned.
+__device__ __forceinline__ void red_add_f32x4(float* address, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+}
+#endif
 
 // Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel
 // launched after this one on the same stream with

@@ -59,7 +59,8 @@ FLASHLAB_HOST_DEVICE inline BackwardSequenceView backward_sequence_view(
   if (p.cu_seqlens_q != nullptr) {
     view.dout_offset = view.q_row0 * p.dout_row_stride;
     view.dq_offset = view.q_row0 * p.dq_row_stride;
-    view.dq_accum_offset = view.q_row0 * p.dq_accum_row_stride;
+    // The accumulator pads every sequence by dq_accum_batch_stride elements.
+    view.dq_accum_offset = view.q_row0 * p.dq_accum_row_stride + batch * p.dq_accum_batch_stride;
   } else {
     view.dout_offset = batch * p.dout_batch_stride;
     view.dq_offset = batch * p.dq_batch_stride;

@@ -90,11 +90,15 @@ int max_block_shared_kb(int compute_capability) {
   }
 }
 
-int backward_block_n(int head_dim) {
-  int block_n = 0;
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim,
-                           [&] { block_n = fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type::kBlockN; });
-  return block_n;
+// block_q: query rows per step of a thread block's walk; block_k: the keys a
+// thread block owns (its dk/dv rows). Zeros for head dims without a tiling.
+TileShape backward_tile_shape(const AttentionBackwardParams& params) {
+  TileShape shape{0, 0};
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    using Tr = typename fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type;
+    shape = {Tr::kBlockM, Tr::kBlockN};
+  });
+  return shape;
 }
 
 // Deterministic mode: how many dq accumulator slots (= thread blocks per (kv
@@ -212,7 +216,7 @@ std::string fa2_mma_sm80::backward_unsupported_reason(const AttentionBackwardPar
 }
 
 fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
-    const AttentionBackwardParams& params, int block_n) {
+    const AttentionBackwardParams& params, int block_m, int block_n) {
   BackwardWorkspace workspace;
   const bool varlen = params.is_varlen();
   // Query rows of the whole batch (packed for variable-length batches).
@@ -229,11 +233,15 @@ fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
   workspace.softmax_d_offset = 0;
   workspace.softmax_d_bytes = round_up(static_cast<size_t>(d_elements) * sizeof(float));
 
-  // dq accumulator: (batch, seqlen_q, heads, head_dim) float32, packed rows when varlen.
-  workspace.dq_accum_head_stride = params.head_dim;
-  workspace.dq_accum_row_stride = static_cast<int64_t>(params.heads) * params.head_dim;
-  workspace.dq_accum_batch_stride = varlen ? 0 : params.seqlen_q * workspace.dq_accum_row_stride;
-  workspace.dq_accum_slot_stride = rows * workspace.dq_accum_row_stride;
+  // dq accumulator (BackwardWorkspace): (heads, padded rows, head_dim) float32 a slot.
+  const int64_t padded_seqlen_q =
+      (static_cast<int64_t>(params.seqlen_q) + block_m - 1) / block_m * block_m;
+  const int64_t padded_rows = varlen ? params.total_rows_q + static_cast<int64_t>(params.batch) * block_m
+                                     : params.batch * padded_seqlen_q;
+  workspace.dq_accum_row_stride = params.head_dim;
+  workspace.dq_accum_head_stride = padded_rows * params.head_dim;
+  workspace.dq_accum_batch_stride = (varlen ? block_m : padded_seqlen_q) * params.head_dim;
+  workspace.dq_accum_slot_stride = params.heads * workspace.dq_accum_head_stride;
   if (params.deterministic) {
     const int64_t key_blocks = (params.seqlen_k + block_n - 1) / block_n;
     const int64_t kv_blocks = static_cast<int64_t>(params.batch) * params.kv_heads;
@@ -248,22 +256,11 @@ fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
 }
 
 size_t fa2_mma_sm80::backward_workspace_bytes(const AttentionBackwardParams& params) {
-  const int block_n = backward_block_n(params.head_dim);
-  return block_n == 0 ? 0 : backward_workspace(params, block_n).total_bytes;
+  const TileShape tiles = backward_tile_shape(params);
+  return tiles.block_k == 0 ? 0 : backward_workspace(params, tiles.block_q, tiles.block_k).total_bytes;
 }
 
 namespace {
-
-// block_q: query rows per step of a thread block's walk; block_k: the keys a
-// thread block owns (its dk/dv rows).
-TileShape backward_tile_shape(const AttentionBackwardParams& params) {
-  TileShape shape;
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
-    using Tr = typename fa2_mma_sm80::DefaultBwdTraits<kHeadDim>::type;
-    shape = {Tr::kBlockM, Tr::kBlockN};
-  });
-  return shape;
-}
 
 void backward_launch(const AttentionBackwardParams& params) {
   // backward_unsupported_reason rejects other head dims before a launch.

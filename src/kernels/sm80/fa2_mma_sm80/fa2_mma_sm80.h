@@ -123,6 +123,9 @@ struct BwdTraits {
   static constexpr int kDqChunkCols = kDqCols > 64 / kDqMT ? 64 / kDqMT : kDqCols;  // <= 32 accumulators
   static constexpr int kDqChunks = kDqCols / kDqChunkCols;
   static constexpr int kDqChunkNT = kDqChunkCols / 8;
+  // dQ warp w's first row and column in the block.
+  static constexpr int dq_row0(int warp) { return (warp / kDqWarpsD) * kDqRows; }
+  static constexpr int dq_col0(int warp) { return (warp % kDqWarpsD) * kDqCols; }
 
   // Shared memory, byte offsets.
   static constexpr int kKVTileBytes = BlockN * kSmemStride * 2;
@@ -187,16 +190,27 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params);
 // key block), in deterministic mode one per split of the key blocks (each
 // thread block owns one slot and adds to it in a fixed order; the convert
 // kernel sums the slots in slot order; the count depends on the problem and the
-// current device's SM count). block_n: the tiling's kBlockN. Host only.
+// current device's SM count). block_m, block_n: the tiling's kBlockM, kBlockN.
+//
+// A slot of the accumulator is (heads, rows, head_dim) with each sequence's
+// rows padded to whole block_m-row query blocks (a batch of equal lengths:
+// seqlen_q rounded up per sequence; varlen: sequence b starts at its first
+// packed row + b * block_m), and every block_m x head_dim block of one head is
+// stored in the order of the main kernel's dQ fragments (dq_fragment_group in
+// fa2_mma_sm80_bwd_kernel.cuh), not row-major, so that a warp's reduction of
+// one fragment covers 512 contiguous bytes. Host only.
 struct BackwardWorkspace {
   size_t softmax_d_offset = 0, softmax_d_bytes = 0;
   size_t dq_accum_offset = 0, dq_accum_bytes = 0;
   int dq_accum_slots = 1;
   int64_t dq_accum_slot_stride = 0;  // elements between slots
+  // Elements between heads and between rows; between sequences (varlen: the
+  // padding added per sequence on top of its packed rows).
   int64_t dq_accum_batch_stride = 0, dq_accum_row_stride = 0, dq_accum_head_stride = 0;
   size_t total_bytes = 0;
 };
-BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_n);
+BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m,
+                                     int block_n);
 // The same for the default tiling of params.head_dim (the registry's hook).
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);
 

@@ -16,12 +16,14 @@
 //      dP = dO V^T, dS = P * (dP - D)
 //      dV += P^T dO, dK += dS^T Q      (registers, over every query block and head)
 //      dQ  = dS K, added to the float32 accumulator params.dq_accum with red.global.add
+//           (the accumulator in fragment order, BackwardWorkspace: 16-byte vector
+//           reductions on sm_90 covering 512 contiguous bytes a warp)
 //    P and dS go through shared memory (16-bit) and come back transposed as
 //    A operands with ldmatrix.trans. At the end dK * scale and dV are
 //    written in the input dtype (staged through shared memory, 16-byte stores).
 //    GQA: dK/dV sum over the group's query heads in registers, no atomics.
-// 3. convert: dq = dq_accum * scale in the input dtype (deterministic mode: the
-//    sum of the accumulator slots, slot 0 first).
+// 3. convert: dq = dq_accum * scale in the input dtype, back from fragment order
+//    (deterministic mode: the sum of the accumulator slots, slot 0 first).
 //
 // Deterministic mode (params.deterministic): the grid's x dimension is the
 // number of dq accumulator slots S (BackwardWorkspace); block s handles key
@@ -50,7 +52,7 @@
 // precedes the issue; P and dS are rewritten only after the next step's A.
 //
 // The visible-key rule, the sequence views, the PTX wrappers (warp_gemm_smem,
-// the ldmatrix lane patterns, cp_async_4, red_add_f32x2) come from
+// the ldmatrix lane patterns, cp_async_4, red_add_f32 / red_add_f32x4) come from
 // src/kernels/common/; the tile loader is the forward's (fa2_mma_sm80_kernel.cuh).
 // scripts/fa2_bwd_fragment_model.py replays the kernel's index math (ldmatrix,
 // mma fragments, warp layouts, masks, the walk) on the CPU against numpy
@@ -134,37 +136,76 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
 }
 
 // ---------------------------------------------------------------------------
-// 3. dq = scale * (sum of the dq_accum slots), 8 elements a thread.
-template <int HeadDim, typename Element>
+// The dq accumulator's fragment order (BackwardWorkspace). A block_m x head_dim
+// block of one head is a run of 128-float groups, one per (warp, dQ column
+// chunk, m16 tile, n8 tile) of the main kernel's dQ GEMM in that order; a group
+// holds the four C-fragment values of each of the warp's 32 lanes (value i:
+// row lane / 4 + 8 * (i / 2), column 2 * (lane % 4) + i % 2 of the n8 tile).
+// Row-major reductions touched eight 128-byte lines per warp instruction and
+// throttled the LSU queue (H100, head_dim 128, ncu: lg_throttle stalls 8% of
+// the samples, FA2's kernel 0.2%).
+template <class Tr>
+__device__ __forceinline__ int dq_fragment_group(int warp, int chunk, int mt, int n) {
+  return ((warp * Tr::kDqChunks + chunk) * Tr::kDqMT + mt) * Tr::kDqChunkNT + n;
+}
+// Where lane's value i sits in its group.
+__device__ __forceinline__ int dq_fragment_slot(int lane, int i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return lane * 4 + i;  // a lane's four values together: one 16-byte reduction
+#else
+  return i * 32 + lane;  // value i of the 32 lanes together: coalesced scalar reductions
+#endif
+}
+// Adds one C fragment (acc[0..3]) of a lane to its group.
+__device__ __forceinline__ void add_dq_fragment(float* group, int lane, const float (&acc)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  red_add_f32x4(group + dq_fragment_slot(lane, 0), acc[0], acc[1], acc[2], acc[3]);
+#else
+#pragma unroll
+  for (int i = 0; i < 4; ++i) red_add_f32(group + dq_fragment_slot(lane, i), acc[i]);
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// 3. dq = scale * (sum of the dq_accum slots): one thread a (group, lane) of
+// the fragment order, its four values to their rows and columns.
+template <class Tr, typename Element>
 __global__ void __launch_bounds__(kBwdAuxThreads)
     fa2_backward_convert_dq_kernel(const AttentionBackwardParams p, const int slots,
                                    const int64_t slot_stride) {
-  constexpr int kChunks = HeadDim / 8;
+  constexpr int kLanesPerBlock = Tr::kBlockM * Tr::kHeadDim / 4;  // (group, lane) pairs of a query block
+  static_assert(kLanesPerBlock % kBwdAuxThreads == 0, "thread blocks inside one query block");
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
-  const int index = blockIdx.x * kBwdAuxThreads + threadIdx.x;
-  const int row = index / kChunks;
-  const int col = (index % kChunks) * 8;
-  if (row >= view.seqlen_q) return;
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * kBwdAuxThreads + threadIdx.x;
+  const int m_block = static_cast<int>(index / kLanesPerBlock);
+  const int within = static_cast<int>(index % kLanesPerBlock);
+  if (m_block * Tr::kBlockM >= view.seqlen_q) return;
+  const int group = within / 32;
+  const int lane = within % 32;
+  const int n = group % Tr::kDqChunkNT;
+  const int mt = group / Tr::kDqChunkNT % Tr::kDqMT;
+  const int chunk = group / (Tr::kDqChunkNT * Tr::kDqMT) % Tr::kDqChunks;
+  const int warp = group / (Tr::kDqChunkNT * Tr::kDqMT * Tr::kDqChunks);
+  const int row = m_block * Tr::kBlockM + Tr::dq_row0(warp) + mt * 16 + lane / 4;
+  const int col = Tr::dq_col0(warp) + chunk * Tr::kDqChunkCols + n * 8 + (lane % 4) * 2;
 
   const float* accum = p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
-                       row * p.dq_accum_row_stride + col;
-  float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+                       static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
+                       group * 128;
+  float sum[4] = {0.f, 0.f, 0.f, 0.f};
   for (int slot = 0; slot < slots; ++slot) {  // fixed order: bitwise reproducible
-    const float4 lo = *reinterpret_cast<const float4*>(accum + slot * slot_stride);
-    const float4 hi = *reinterpret_cast<const float4*>(accum + slot * slot_stride + 4);
-    sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-    sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum[i] += accum[slot * slot_stride + dq_fragment_slot(lane, i)];
   }
   const float scale = p.softmax_scale;
-  uint4 packed;
-  packed.x = pack2<Element>(sum[0] * scale, sum[1] * scale);
-  packed.y = pack2<Element>(sum[2] * scale, sum[3] * scale);
-  packed.z = pack2<Element>(sum[4] * scale, sum[5] * scale);
-  packed.w = pack2<Element>(sum[6] * scale, sum[7] * scale);
-  *reinterpret_cast<uint4*>(static_cast<Element*>(p.dq) + view.dq_offset +
-                            head * p.dq_head_stride + row * p.dq_row_stride + col) = packed;
+  Element* const dq = static_cast<Element*>(p.dq) + view.dq_offset + head * p.dq_head_stride + col;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if (row + 8 * h < view.seqlen_q)
+      *reinterpret_cast<uint32_t*>(dq + (row + 8 * h) * p.dq_row_stride) =
+          pack2<Element>(sum[2 * h] * scale, sum[2 * h + 1] * scale);
 }
 
 // ---------------------------------------------------------------------------
@@ -217,8 +258,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int sdp_col0 = (warp % Tr::kSdpWarpsN) * Tr::kSdpCols;  // key in the block
   const int kv_row0 = (warp / Tr::kKvWarpsD) * 32;              // key in the block
   const int kv_col0 = (warp % Tr::kKvWarpsD) * Tr::kKvCols;     // head_dim column
-  const int dq_row0 = (warp / Tr::kDqWarpsD) * Tr::kDqRows;     // query row in the block
-  const int dq_col0 = (warp % Tr::kDqWarpsD) * Tr::kDqCols;     // head_dim column
+  const int dq_row0 = Tr::dq_row0(warp);                       // query row in the block
+  const int dq_col0 = Tr::dq_col0(warp);                       // head_dim column
 
   // ldmatrix lane addresses (bytes), operand by operand (see warp_gemm_smem).
   // S = Q K^T, dP = dO V^T: A = Q / dO rows [m][k]; B = K / V rows [n][k].
@@ -392,8 +433,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
 
       // dQ += dS K (k = the block's kBN keys), a column chunk at a time, added
-      // to the float32 accumulator (scaled by the convert kernel).
-      float* const dq_head = dq_accum_slot + head * p.dq_accum_head_stride;
+      // to the float32 accumulator (fragment order; scaled by the convert
+      // kernel). Rows past seqlen_q add zeros (P = 0) to the block's padding.
+      float* const dq_block = dq_accum_slot + head * p.dq_accum_head_stride +
+                              static_cast<int64_t>(m0) * p.dq_accum_row_stride;
 #pragma unroll
       for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
         float acc_dq[kDqMT][kDqChunkNT][4];
@@ -408,16 +451,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = m0 + dq_row0 + mt * 16 + quad_row + h * 8;
-            if (row < seqlen_q) {
-              float* const dst = dq_head + row * p.dq_accum_row_stride + dq_col0 +
-                                 chunk * Tr::kDqChunkCols + quad_col * 2;
-#pragma unroll
-              for (int n = 0; n < kDqChunkNT; ++n)
-                red_add_f32x2(dst + n * 8, acc_dq[mt][n][h * 2], acc_dq[mt][n][h * 2 + 1]);
-            }
-          }
+          for (int n = 0; n < kDqChunkNT; ++n)
+            add_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
+                            acc_dq[mt][n]);
       }
     }
 
@@ -472,7 +508,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {
   AttentionBackwardParams p = params;
-  const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockN);
+  const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
   if (workspace.total_bytes > 0 &&
       (p.workspace == nullptr || p.workspace_bytes < workspace.total_bytes))
     throw_cuda_error(cudaErrorInvalidValue, "fa2_mma_sm80 backward workspace", __FILE__, __LINE__,
@@ -513,11 +549,10 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward", p);
   }
   if (has_rows) {
-    constexpr int kChunks = Tr::kHeadDim / 8;
-    const int64_t chunks = static_cast<int64_t>(p.seqlen_q) * kChunks;
-    const dim3 grid(static_cast<unsigned>((chunks + kBwdAuxThreads - 1) / kBwdAuxThreads), p.heads,
-                    p.batch);
-    fa2_backward_convert_dq_kernel<Tr::kHeadDim, Element><<<grid, kBwdAuxThreads, 0, stream>>>(
+    const int64_t threads = static_cast<int64_t>((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM) *
+                            Tr::kBlockM * Tr::kHeadDim / 4;
+    const dim3 grid(static_cast<unsigned>(threads / kBwdAuxThreads), p.heads, p.batch);
+    fa2_backward_convert_dq_kernel<Tr, Element><<<grid, kBwdAuxThreads, 0, stream>>>(
         p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (convert dq)", p);
   }

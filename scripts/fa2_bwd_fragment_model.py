@@ -94,7 +94,9 @@ class Tr:
         self.SdpMT = self.SdpRows // 16; self.SdpNT = self.SdpCols // 8
         self.KvWN = BN // 32; self.KvWD = W // self.KvWN; self.KvCols = D // self.KvWD
         self.KvMT = 2; self.KvNT = self.KvCols // 8
-        self.DqWM = min(BM // 16, 4); self.DqWD = W // self.DqWM; self.DqCols = D // self.DqWD
+        rows32 = min(BM // 32, 4)  # BwdTraits::kDqWarpsM
+        self.DqWM = rows32 if rows32 >= 1 and W % rows32 == 0 and (D // (W // rows32)) % 16 == 0 else min(BM // 16, 4)
+        self.DqWD = W // self.DqWM; self.DqCols = D // self.DqWD
         self.DqRows = BM // self.DqWM; self.DqMT = self.DqRows // 16
         self.DqChunkCols = min(64 // self.DqMT, self.DqCols); self.DqChunks = self.DqCols // self.DqChunkCols
         self.DqChunkNT = self.DqChunkCols // 8

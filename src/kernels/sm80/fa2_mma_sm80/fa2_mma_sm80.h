@@ -81,7 +81,8 @@ void launch(const AttentionParams& params);
 //                           BlockN/(rest) keys;
 //   dV += P^T dO, dK += dS^T Q (BlockN x HeadDim): BlockN/32 x rest, each 32 keys x
 //                           HeadDim/(rest) columns, kept in registers over the whole walk;
-//   dQ = dS K               (BlockM x HeadDim): min(BlockM/16, 4) x rest, each
+//   dQ = dS K               (BlockM x HeadDim): min(BlockM/32, 4) x rest (min(BlockM/16, 4)
+//                           where a warp's columns would not be whole 16-column blocks), each
 //                           BlockM/that rows x HeadDim/(rest) columns, in chunks of at most 64 columns,
 //                           added to the float32 accumulator in global memory.
 // Shared memory: K, V (BlockN rows), QStages Q tiles, DoStages dO tiles
@@ -114,8 +115,17 @@ struct BwdTraits {
   static constexpr int kKvCols = HeadDim / kKvWarpsD;
   static constexpr int kKvMT = 2;
   static constexpr int kKvNT = kKvCols / 8;
-  // dQ warp layout, and the column chunk a warp accumulates at a time.
-  static constexpr int kDqWarpsM = BlockM / 16 < 4 ? BlockM / 16 : 4;
+  // dQ warp layout, and the column chunk a warp accumulates at a time. FA2's:
+  // 32 query rows a warp (at most 4 warps along the rows), the other warps
+  // along head_dim; 16 rows a warp where that would leave a warp a head_dim
+  // slice that is not whole 16-column blocks (head_dim 96). At 64 x 128, head_dim
+  // 128, 32 x 32 a warp reads 16 KB of dS and K a step against 20 KB for 16 x 64.
+  static constexpr int kDqRows32WarpsM = BlockM / 32 < 4 ? BlockM / 32 : 4;
+  static constexpr int kDqWarpsM =
+      kDqRows32WarpsM >= 1 && Warps % kDqRows32WarpsM == 0 &&
+              HeadDim / (Warps / kDqRows32WarpsM) % 16 == 0
+          ? kDqRows32WarpsM
+          : (BlockM / 16 < 4 ? BlockM / 16 : 4);
   static constexpr int kDqWarpsD = Warps / kDqWarpsM;
   static constexpr int kDqRows = BlockM / kDqWarpsM;
   static constexpr int kDqMT = kDqRows / 16;

@@ -554,6 +554,17 @@ std::vector<KernelCase> backward_determinism_cases(int compute_capability, const
                                 std::string(dtype_label(dtype)) + "_q257_k1023_kv2_runs50", spec,
                                 compute_capability, /*runs=*/50);
     }
+    // Deterministic mode over several rounds of its zigzag (backward_key_block):
+    // 17 key blocks over 6 dq slots with an H100's (or 108 / 114 SMs') slot
+    // choice, the last round partial; causal, so the rounds' work differs.
+    ProblemSpec rounds;
+    rounds.batch = 8, rounds.heads = 8, rounds.kv_heads = 2;
+    rounds.seqlen_q = 257, rounds.seqlen_k = 2049;
+    rounds.head_dim = 64;
+    rounds.dtype = at::kBFloat16;
+    rounds.causal = true;
+    add_if_backward_supported(cases, kernel, "bf16_b8_q257_k2049_kv2_causal_runs10", rounds,
+                              compute_capability, /*runs=*/10);
     // Stress: batch 60 fills the GPU many times over, so blocks finish in
     // every order.
     // (513: a ragged last tile; the reference's float32 scores stay at 0.5 GB.)

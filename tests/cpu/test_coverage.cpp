@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -135,9 +136,19 @@ TEST(KernelCases, BackwardCasesAreMarkedAndCoverTheIssuesMatrix) {
 }
 
 TEST(KernelCases, BackwardDeterminismCasesSayHowManyRuns) {
+  // Every case at least 10 runs; each kernel with a backward has a 50-run case
+  // and the batch-60 stress case.
+  std::map<std::string, std::pair<int, int>> fifty_and_stress;
   for (const auto& kernel_case : backward_determinism_cases()) {
-    EXPECT_TRUE(kernel_case.runs == 50 || (kernel_case.spec.batch == 60 && kernel_case.runs >= 10))
-        << kernel_case.name << ": " << kernel_case.runs << " runs";
+    EXPECT_GE(kernel_case.runs, 10) << kernel_case.name;
+    auto& [fifty, stress] = fifty_and_stress[kernel_case.kernel];
+    fifty += kernel_case.runs == 50;
+    stress += kernel_case.spec.batch == 60;
+  }
+  EXPECT_FALSE(fifty_and_stress.empty());
+  for (const auto& [kernel, counts] : fifty_and_stress) {
+    EXPECT_GE(counts.first, 1) << kernel << ": no 50-run determinism case";
+    EXPECT_GE(counts.second, 1) << kernel << ": no batch-60 stress case";
   }
 }
 

@@ -102,7 +102,8 @@ TileShape backward_tile_shape(const AttentionBackwardParams& params) {
 }
 
 // Deterministic mode: how many dq accumulator slots (= thread blocks per (kv
-// head, batch)), each block taking key blocks s, s + slots, ... in order. Each
+// head, batch)), each block taking one key block of each round of `slots`
+// (zigzag, fa2_mma_sm80_bwd_kernel.cuh), so causal work is spread evenly. Each
 // thread block holds one SM (shared memory), so the choice is about waves: of
 // 1 .. max(1, 4 * SMs / kv_blocks) slots (at most about four waves), the one
 // whose wave count and key-block split waste the least, the fewest slots on a

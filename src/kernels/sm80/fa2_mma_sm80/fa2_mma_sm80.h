@@ -190,6 +190,16 @@ struct DefaultBwdTraits {
                          (HeadDim <= 128 ? 2 : 1), (HeadDim <= 32 || HeadDim == 96 ? 2 : 1)>;
 };
 
+// The key block a backward thread block takes in round `round` of its walk:
+// `blocks` thread blocks per (kv head, batch) take one key block each per round.
+// Default mode: blocks = key blocks, one round. Deterministic mode: blocks = dq
+// accumulator slots, counted from either end in turn (zigzag: slot s takes
+// s, 2S - 1 - s, 2S + s, ...), so under a causal mask, where the first key
+// blocks see the most query rows, every two rounds give each slot the same work.
+FLASHLAB_HOST_DEVICE constexpr int backward_key_block(int round, int block, int blocks) {
+  return round * blocks + (round % 2 == 0 ? block : blocks - 1 - block);
+}
+
 // Empty when the backward can run the problem (everything unsupported_reason
 // checks, plus dout/dq/dk/dv alignment and the shared memory of the device's
 // compute capability when known), else the reason. Host only.

@@ -26,8 +26,10 @@
 //    (deterministic mode: the sum of the accumulator slots, slot 0 first).
 //
 // Deterministic mode (params.deterministic): the grid's x dimension is the
-// number of dq accumulator slots S (BackwardWorkspace); block s handles key
-// blocks s, s + S, s + 2S, ... in that order and adds its dQ to slot s only.
+// number of dq accumulator slots S (BackwardWorkspace); block s handles one key
+// block of each round of S, in a zigzag: s, 2S - 1 - s, 2S + s, 4S - 1 - s, ...
+// (backward_key_block in fa2_mma_sm80.h: under a causal mask a plain stride
+// gave slot 0 the most work), and adds its dQ to slot s only.
 // Each slot element then receives its additions from one thread in program
 // order, so every slot and their fixed-order sum are bitwise reproducible.
 // Default mode: one block per key block, all adding to slot 0 in whatever
@@ -276,9 +278,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   float* const dq_accum_slot =
       p.dq_accum + (p.deterministic ? blockIdx.x * dq_accum_slot_stride : 0) + view.dq_accum_offset;
 
-  // Default mode: gridDim.x = key blocks, one pass. Deterministic: gridDim.x =
-  // slots, this block's key blocks in increasing order.
-  for (int n_block = blockIdx.x; n_block < n_key_blocks; n_block += gridDim.x) {
+  // Default mode: gridDim.x = key blocks, one round. Deterministic: gridDim.x =
+  // slots, one key block a round (backward_key_block).
+  for (int round = 0;; ++round) {
+    const int n_block = backward_key_block(round, blockIdx.x, gridDim.x);
+    if (n_block >= n_key_blocks) break;  // later rounds start further on
     const int n0 = n_block * kBN;
     const int keys_here = min(kBN, seqlen_k - n0);
     const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, seqlen_q, seqlen_k,

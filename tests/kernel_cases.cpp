@@ -95,6 +95,17 @@ ProblemSpec probe_spec(at::ScalarType dtype, int head_dim) {
   return spec;
 }
 
+// The grouped-query problem most matrices vary: 8 query heads over 2 kv heads, head_dim 64.
+ProblemSpec grouped_spec(int batch, int seqlen_q, int seqlen_k, at::ScalarType dtype, bool causal = false) {
+  ProblemSpec spec;
+  spec.batch = batch, spec.heads = 8, spec.kv_heads = 2;
+  spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
+  spec.head_dim = 64;
+  spec.dtype = dtype;
+  spec.causal = causal;
+  return spec;
+}
+
 }  // namespace
 
 void PrintTo(const KernelCase& kernel_case, std::ostream* stream) {
@@ -183,11 +194,7 @@ std::vector<KernelCase> window_cases(int compute_capability, const Kernels& kern
     for (const auto dtype : {at::kHalf, at::kBFloat16})
       for (const auto& [seqlen_q, seqlen_k] : seqlens)
         for (const auto& [left, right] : windows) {
-          ProblemSpec spec;
-          spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
-          spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
-          spec.head_dim = 64;
-          spec.dtype = dtype;
+          ProblemSpec spec = grouped_spec(2, seqlen_q, seqlen_k, dtype);
           spec.window_left = left, spec.window_right = right;
           add_if_supported(cases, kernel,
                            std::string(dtype_label(dtype)) + seqlen_label(seqlen_q, seqlen_k) +
@@ -284,11 +291,8 @@ std::vector<KernelCase> property_cases(int compute_capability, const Kernels& ke
     for (const auto dtype : supported_dtypes(kernel, compute_capability)) {
       const std::vector<int> head_dims = supported_head_dims(kernel, dtype, compute_capability);
       const bool takes_64 = std::find(head_dims.begin(), head_dims.end(), 64) != head_dims.end();
-      ProblemSpec spec;
-      spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
-      spec.seqlen_q = spec.seqlen_k = 257;
+      ProblemSpec spec = grouped_spec(2, 257, 257, dtype);
       spec.head_dim = takes_64 ? 64 : head_dims.front();
-      spec.dtype = dtype;
       add_if_supported(cases, kernel,
                        std::string(dtype_label(dtype)) + "_d" + std::to_string(spec.head_dim), spec,
                        compute_capability);
@@ -408,12 +412,7 @@ std::vector<KernelCase> backward_correctness_cases(int compute_capability, const
       }
     // float32 (fa1_scalar's rung) on unequal lengths, with GQA.
     for (const bool causal : {false, true}) {
-      ProblemSpec spec;
-      spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
-      spec.seqlen_q = 113, spec.seqlen_k = 1023;
-      spec.head_dim = 64;
-      spec.dtype = at::kFloat;
-      spec.causal = causal;
+      const ProblemSpec spec = grouped_spec(2, 113, 1023, at::kFloat, causal);
       add_if_backward_supported(cases, kernel, "fp32_q113_k1023_kv2" + masks_label(spec), spec,
                                 compute_capability);
     }
@@ -447,11 +446,8 @@ std::vector<KernelCase> backward_window_cases(int compute_capability, const Kern
   for (const auto& kernel : kernels)
     for (size_t index = 0; index < windows.size(); ++index)
       for (const auto& [seqlen_q, seqlen_k] : seqlens) {
-        ProblemSpec spec;
-        spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
-        spec.seqlen_q = seqlen_q, spec.seqlen_k = seqlen_k;
-        spec.head_dim = 64;
-        spec.dtype = (index + (seqlen_q < seqlen_k ? 0 : 1)) % 2 == 0 ? at::kHalf : at::kBFloat16;
+        ProblemSpec spec = grouped_spec(2, seqlen_q, seqlen_k,
+                                        (index + (seqlen_q < seqlen_k ? 0 : 1)) % 2 == 0 ? at::kHalf : at::kBFloat16);
         spec.window_left = windows[index].first, spec.window_right = windows[index].second;
         add_if_backward_supported(cases, kernel,
                                   std::string(dtype_label(spec.dtype)) +
@@ -545,36 +541,21 @@ std::vector<KernelCase> backward_determinism_cases(int compute_capability, const
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {
     for (const auto dtype : {at::kHalf, at::kBFloat16}) {
-      ProblemSpec spec;
-      spec.batch = 2, spec.heads = 8, spec.kv_heads = 2;
-      spec.seqlen_q = 257, spec.seqlen_k = 1023;
-      spec.head_dim = 64;
-      spec.dtype = dtype;
-      add_if_backward_supported(cases, kernel,
-                                std::string(dtype_label(dtype)) + "_q257_k1023_kv2_runs50", spec,
+      add_if_backward_supported(cases, kernel, std::string(dtype_label(dtype)) + "_q257_k1023_kv2_runs50",
+                                grouped_spec(2, 257, 1023, dtype),
                                 compute_capability, /*runs=*/50);
     }
     // Deterministic mode over several rounds of its zigzag (backward_key_block):
     // 17 key blocks over 6 dq slots with an H100's (or 108 / 114 SMs') slot
     // choice, the last round partial; causal, so the rounds' work differs.
-    ProblemSpec rounds;
-    rounds.batch = 8, rounds.heads = 8, rounds.kv_heads = 2;
-    rounds.seqlen_q = 257, rounds.seqlen_k = 2049;
-    rounds.head_dim = 64;
-    rounds.dtype = at::kBFloat16;
-    rounds.causal = true;
-    add_if_backward_supported(cases, kernel, "bf16_b8_q257_k2049_kv2_causal_runs10", rounds,
+    add_if_backward_supported(cases, kernel, "bf16_b8_q257_k2049_kv2_causal_runs10",
+                              grouped_spec(8, 257, 2049, at::kBFloat16, /*causal=*/true),
                               compute_capability, /*runs=*/10);
     // Stress: batch 60 fills the GPU many times over, so blocks finish in
     // every order.
     // (513: a ragged last tile; the reference's float32 scores stay at 0.5 GB.)
-    ProblemSpec stress;
-    stress.batch = 60, stress.heads = 8, stress.kv_heads = 2;
-    stress.seqlen_q = stress.seqlen_k = 513;
-    stress.head_dim = 64;
-    stress.dtype = at::kBFloat16;
-    stress.causal = true;
-    add_if_backward_supported(cases, kernel, "bf16_b60_q513_k513_kv2_causal_runs10", stress,
+    add_if_backward_supported(cases, kernel, "bf16_b60_q513_k513_kv2_causal_runs10",
+                              grouped_spec(60, 513, 513, at::kBFloat16, /*causal=*/true),
                               compute_capability, /*runs=*/10);
   }
   return cases;

@@ -50,19 +50,46 @@ def off_rows16(lane, stride):
 def off_pairs(lane, stride):
     return ((lane & 7) + ((lane >> 4) << 3)) * stride + ((lane >> 3) & 1) * 8
 
+# Shared tile layouts (common/smem_layout.h), in elements: 8-element chunks.
+class Padded:
+    def __init__(self, row_elems): self.row = row_elems
+    def chunk_offset(self, r, c): return r * self.row + c * 8
+    def advance(self, lane, rows, chunks): return lane + rows * self.row + chunks * 8
+    def store(self, tile, cols):  # tile rows x cols -> flat
+        flat = np.zeros(tile.shape[0] * self.row)
+        for r in range(tile.shape[0]): flat[r * self.row: r * self.row + cols] = tile[r, :cols]
+        return flat
+
+class Swizzled:
+    def __init__(self, row_elems):
+        assert row_elems % 64 == 0
+        self.row = row_elems
+    def chunk_offset(self, r, c): return r * self.row + ((c ^ (r & 7)) * 8)
+    # The kernel XORs address bits 4-6 (bytes): chunk bits 0-2, element bits 3-5.
+    def advance(self, lane, rows, chunks): return (lane ^ ((chunks & 7) << 3)) + rows * self.row + (chunks & ~7) * 8
+    def store(self, tile, cols):
+        flat = np.zeros(tile.shape[0] * self.row)
+        for r in range(tile.shape[0]):
+            for c in range(cols // 8):
+                o = self.chunk_offset(r, c); flat[o:o + 8] = tile[r, c * 8:c * 8 + 8]
+        return flat
+
+def cell_rows16(lane): return lane & 15, lane >> 4
+def cell_pairs(lane): return (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1
+
 def new_acc(mt, nt):
     return [[[[0.0] * 4 for _ in range(32)] for _ in range(nt)] for _ in range(mt)]
 
-def warp_gemm(acc, flat_a, a_lane, flat_b, b_lane, at, bt, ksteps, astride, bstride):
+def warp_gemm(acc, flat_a, a_lane, flat_b, b_lane, at, bt, ksteps, alayout, blayout):
     kMT = len(acc); kNT = len(acc[0])
     for ks in range(ksteps):
         a = []
         for mt in range(kMT):
-            o = (ks * 16 * astride + mt * 16) if at else (mt * 16 * astride + ks * 16)
-            a.append(ldsm(flat_a, [x + o for x in a_lane], at))
+            rc = (ks * 16, mt * 2) if at else (mt * 16, ks * 2)
+            a.append(ldsm(flat_a, [alayout.advance(x, *rc) for x in a_lane], at))
         for nb in range(kNT // 2):
-            o = (ks * 16 * bstride + nb * 16) if bt else (nb * 16 * bstride + ks * 16)
-            b = ldsm(flat_b, [x + o for x in b_lane], bt)
+            rc = (ks * 16, nb * 2) if bt else (nb * 16, ks * 2)
+            b = ldsm(flat_b, [blayout.advance(x, *rc) for x in b_lane], bt)
             for mt in range(kMT):
                 mma(acc[mt][2 * nb], a[mt], [b[l][0] for l in range(32)], [b[l][1] for l in range(32)])
                 mma(acc[mt][2 * nb + 1], a[mt], [b[l][2] for l in range(32)], [b[l][3] for l in range(32)])
@@ -100,6 +127,9 @@ class Tr:
         self.DqRows = BM // self.DqWM; self.DqMT = self.DqRows // 16
         self.DqChunkCols = min(64 // self.DqMT, self.DqCols); self.DqChunks = self.DqCols // self.DqChunkCols
         self.DqChunkNT = self.DqChunkCols // 8
+        # BwdTraits::QLayout / KvLayout / PLayout
+        self.QL = Swizzled(D) if D % 64 == 0 else Padded(self.S)
+        self.KvL = Padded(self.S); self.PL = Padded(self.PS)
 
 def reference(q, k, v, do, scale, wl, wr):
     sq, sk = q.shape[0], k.shape[0]
@@ -131,10 +161,10 @@ def simulate(tr, q, k, v, do, o, lse, scale, wl, wr, n_block):
     empty = rl < rf
     m_begin = 0 if empty else rf // BM
     m_count = 0 if empty else rl // BM + 1 - m_begin
-    # shared tiles (flat, padded)
-    Kt = np.zeros((BN, tr.S)); Vt = np.zeros((BN, tr.S))
-    Kt[:keys_here, :D] = k[n0:n0 + keys_here]; Vt[:keys_here, :D] = v[n0:n0 + keys_here]
-    Kf, Vf = Kt.ravel(), Vt.ravel()
+    # shared tiles (flat, in their layouts)
+    Kt = np.zeros((BN, D)); Vt = np.zeros((BN, D))
+    Kt[:keys_here] = k[n0:n0 + keys_here]; Vt[:keys_here] = v[n0:n0 + keys_here]
+    Kf, Vf = tr.KvL.store(Kt, D), tr.KvL.store(Vt, D)
     Dvec = (do * o).sum(axis=1)
     acc_dk = [None] * tr.W; acc_dv = [None] * tr.W
     for w in range(tr.W):
@@ -144,19 +174,19 @@ def simulate(tr, q, k, v, do, o, lse, scale, wl, wr, n_block):
     scale_log2 = scale * math.log2(math.e)
     for j in range(m_count):
         m0 = (m_begin + j) * BM
-        Qt = np.zeros((BM, tr.S)); Dot = np.zeros((BM, tr.S))
+        Qt = np.zeros((BM, D)); Dot = np.zeros((BM, D))
         nr = min(BM, sq - m0)
-        Qt[:nr, :D] = q[m0:m0 + nr]; Dot[:nr, :D] = do[m0:m0 + nr]
-        Qf, Dof = Qt.ravel(), Dot.ravel()
+        Qt[:nr] = q[m0:m0 + nr]; Dot[:nr] = do[m0:m0 + nr]
+        Qf, Dof = tr.QL.store(Qt, D), tr.QL.store(Dot, D)
         Pt = np.zeros((BM, tr.PS)); dSt = np.zeros((BM, tr.PS))
         needs_mask = not tile_fully_visible(m0, m0 + BM - 1, n0, n0 + BN - 1, sq, sk, wl, wr)
         for w in range(tr.W):
             sdp_row0 = (w // tr.SdpWN) * tr.SdpRows; sdp_col0 = (w % tr.SdpWN) * tr.SdpCols
-            a_lane = [off_rows16(l, tr.S) + sdp_row0 * tr.S for l in range(32)]
-            b_lane = [off_pairs(l, tr.S) + sdp_col0 * tr.S for l in range(32)]
+            a_lane = [tr.QL.chunk_offset(sdp_row0 + cell_rows16(l)[0], cell_rows16(l)[1]) for l in range(32)]
+            b_lane = [tr.KvL.chunk_offset(sdp_col0 + cell_pairs(l)[0], cell_pairs(l)[1]) for l in range(32)]
             acc_s = new_acc(tr.SdpMT, tr.SdpNT); acc_dp = new_acc(tr.SdpMT, tr.SdpNT)
-            warp_gemm(acc_s, Qf, a_lane, Kf, b_lane, False, False, D // 16, tr.S, tr.S)
-            warp_gemm(acc_dp, Dof, a_lane, Vf, b_lane, False, False, D // 16, tr.S, tr.S)
+            warp_gemm(acc_s, Qf, a_lane, Kf, b_lane, False, False, D // 16, tr.QL, tr.KvL)
+            warp_gemm(acc_dp, Dof, a_lane, Vf, b_lane, False, False, D // 16, tr.QL, tr.KvL)
             for l in range(32):
                 qr, qc = l // 4, l % 4
                 for mt in range(tr.SdpMT):
@@ -182,16 +212,17 @@ def simulate(tr, q, k, v, do, o, lse, scale, wl, wr, n_block):
         Pf, dSf = Pt.ravel(), dSt.ravel()
         for w in range(tr.W):
             kv_row0 = (w // tr.KvWD) * 32; kv_col0 = (w % tr.KvWD) * tr.KvCols
-            a_lane = [off_pairs(l, tr.PS) + kv_row0 for l in range(32)]
-            b_lane = [off_rows16(l, tr.S) + kv_col0 for l in range(32)]
-            warp_gemm(acc_dv[w], Pf, a_lane, Dof, b_lane, True, True, BM // 16, tr.PS, tr.S)
-            warp_gemm(acc_dk[w], dSf, a_lane, Qf, b_lane, True, True, BM // 16, tr.PS, tr.S)
+            a_lane = [tr.PL.chunk_offset(cell_pairs(l)[0], kv_row0 // 8 + cell_pairs(l)[1]) for l in range(32)]
+            b_lane = [tr.QL.chunk_offset(cell_rows16(l)[0], kv_col0 // 8 + cell_rows16(l)[1]) for l in range(32)]
+            warp_gemm(acc_dv[w], Pf, a_lane, Dof, b_lane, True, True, BM // 16, tr.PL, tr.QL)
+            warp_gemm(acc_dk[w], dSf, a_lane, Qf, b_lane, True, True, BM // 16, tr.PL, tr.QL)
             dq_row0 = (w // tr.DqWD) * tr.DqRows; dq_col0 = (w % tr.DqWD) * tr.DqCols
-            a_lane = [off_rows16(l, tr.PS) + dq_row0 * tr.PS for l in range(32)]
+            a_lane = [tr.PL.chunk_offset(dq_row0 + cell_rows16(l)[0], cell_rows16(l)[1]) for l in range(32)]
             for chunk in range(tr.DqChunks):
-                b_lane = [off_rows16(l, tr.S) + dq_col0 + chunk * tr.DqChunkCols for l in range(32)]
+                b_lane = [tr.KvL.advance(tr.KvL.chunk_offset(cell_rows16(l)[0], dq_col0 // 8 + cell_rows16(l)[1]),
+                                         0, chunk * tr.DqChunkCols // 8) for l in range(32)]
                 acc_dq = new_acc(tr.DqMT, tr.DqChunkNT)
-                warp_gemm(acc_dq, dSf, a_lane, Kf, b_lane, False, True, BN // 16, tr.PS, tr.S)
+                warp_gemm(acc_dq, dSf, a_lane, Kf, b_lane, False, True, BN // 16, tr.PL, tr.KvL)
                 for l in range(32):
                     for mt in range(tr.DqMT):
                         for n in range(tr.DqChunkNT):

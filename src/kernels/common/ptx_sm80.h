@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/smem_layout.h"
+
 namespace flashlab::sm80 {
 
 __device__ __forceinline__ uint32_t smem_address(const void* pointer) {
@@ -116,19 +118,29 @@ __device__ __forceinline__ int ldmatrix_offset_rows16(int lane, int stride) {
 __device__ __forceinline__ int ldmatrix_offset_pairs(int lane, int stride) {
   return ((lane & 7) + ((lane >> 4) << 3)) * stride + ((lane >> 3) & 1) * 8;
 }
+// The same patterns as (row, 16-byte chunk) of the lane's address, for layouts
+// that place chunks themselves (SwizzledRows below).
+struct LaneCell {
+  int row, chunk;
+};
+__device__ __forceinline__ LaneCell ldmatrix_cell_rows16(int lane) { return {lane & 15, lane >> 4}; }
+__device__ __forceinline__ LaneCell ldmatrix_cell_pairs(int lane) {
+  return {(lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1};
+}
 
 // acc[kMT][kNT][4] += A * B for one warp, both operands in shared memory
-// (16-bit elements, rows kAStride / kBStride elements apart), kKSteps steps of
+// (16-bit elements, tiles laid out as ALayout / BLayout), kKSteps steps of
 // k16. A is kMT*16 x kKSteps*16, B is kKSteps*16 x kNT*8; the accumulator
 // tile (mt, n) covers rows mt*16.. and columns n*8.. (mma C layout: c0, c1 at
 // row lane/4, columns 2(lane%4)+{0,1}; c2, c3 eight rows lower).
-//   kATransposed false: A stored [m][k]; a_lane = tile origin + ldmatrix_offset_rows16.
-//   kATransposed true:  A stored [k][m] (A^T row-major); a_lane = origin + ldmatrix_offset_pairs.
-//   kBTransposed false: B stored [n][k]; b_lane = origin + ldmatrix_offset_pairs.
-//   kBTransposed true:  B stored [k][n]; b_lane = origin + ldmatrix_offset_rows16.
-// (a_lane, b_lane: shared-memory byte addresses, lane offsets included.)
-template <typename Element, bool kATransposed, bool kBTransposed, int kKSteps, int kAStride,
-          int kBStride, int kMT, int kNT>
+//   kATransposed false: A stored [m][k]; a_lane = the lane's ldmatrix_offset_rows16 address.
+//   kATransposed true:  A stored [k][m] (A^T row-major); a_lane = its ldmatrix_offset_pairs address.
+//   kBTransposed false: B stored [n][k]; b_lane = its ldmatrix_offset_pairs address.
+//   kBTransposed true:  B stored [k][n]; b_lane = its ldmatrix_offset_rows16 address.
+// (a_lane, b_lane: shared-memory byte addresses of the lane's row and chunk in
+// its layout, tile origin included.)
+template <typename Element, bool kATransposed, bool kBTransposed, int kKSteps, class ALayout,
+          class BLayout, int kMT, int kNT>
 __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMT][kNT][4], uint32_t a_lane,
                                                uint32_t b_lane) {
   static_assert(kNT % 2 == 0, "B is read in 16-column blocks (pairs of n8 tiles)");
@@ -138,14 +150,15 @@ __device__ __forceinline__ void warp_gemm_smem(float (&acc)[kMT][kNT][4], uint32
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       if constexpr (kATransposed)
-        ldmatrix_x4_trans(a[mt], a_lane + (ks * 16 * kAStride + mt * 16) * 2);
+        ldmatrix_x4_trans(a[mt], ALayout::advance(a_lane, ks * 16, mt * 2));
       else
-        ldmatrix_x4(a[mt], a_lane + (mt * 16 * kAStride + ks * 16) * 2);
+        ldmatrix_x4(a[mt], ALayout::advance(a_lane, mt * 16, ks * 2));
     }
 #pragma unroll
     for (int nb = 0; nb < kNT / 2; ++nb) {
-      const int b_offset = kBTransposed ? ks * 16 * kBStride + nb * 16 : nb * 16 * kBStride + ks * 16;
-      mma_b_block<Element, kBTransposed>(acc, nb, a, b_lane + b_offset * 2);
+      const uint32_t b = kBTransposed ? BLayout::advance(b_lane, ks * 16, nb * 2)
+                                      : BLayout::advance(b_lane, nb * 16, ks * 2);
+      mma_b_block<Element, kBTransposed>(acc, nb, a, b);
     }
   }
 }

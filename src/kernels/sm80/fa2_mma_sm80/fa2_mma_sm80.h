@@ -13,7 +13,9 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 
+#include "common/smem_layout.h"
 #include "common/static_switch.h"
 #include "flashlab/kernel_params.h"
 #include "flashlab/kernel_registry.h"
@@ -98,8 +100,15 @@ struct BwdTraits {
   static constexpr int kQStages = QStages;    // 2: Q[i+1] loads during step i
   static constexpr int kDoStages = DoStages;  // 2: dO[i+1] too; 1: after dV's GEMM
 
-  // Padded shared rows (16 bytes): every ldmatrix phase hits 8 distinct bank groups.
-  static constexpr int kSmemStride = HeadDim + 8;  // Q, dO, K, V (the forward's loader reads this name)
+  // Q and dO (cp.async tiles refilled every step): rows swizzled where they are
+  // whole 128-byte groups (head_dim 64, 128, 256), else padded by 16 bytes (32,
+  // 96). K, V (loaded once per key block) and P, dS (written by st.shared):
+  // padded. Padded or swizzled, every ldmatrix phase hits 8 distinct bank groups.
+  static constexpr bool kSwizzled = HeadDim % 64 == 0;
+  using QLayout = std::conditional_t<kSwizzled, sm80::SwizzledRows<HeadDim * 2>, sm80::PaddedRows<(HeadDim + 8) * 2>>;
+  using KvLayout = sm80::PaddedRows<(HeadDim + 8) * 2>;
+  using PLayout = sm80::PaddedRows<(BlockN + 8) * 2>;
+  static constexpr int kSmemStride = HeadDim + 8;  // the padded rows (the forward loader's default)
   static constexpr int kPStride = BlockN + 8;      // P, dS
 
   // S / dP warp layout.
@@ -138,8 +147,8 @@ struct BwdTraits {
   static constexpr int dq_col0(int warp) { return (warp % kDqWarpsD) * kDqCols; }
 
   // Shared memory, byte offsets.
-  static constexpr int kKVTileBytes = BlockN * kSmemStride * 2;
-  static constexpr int kQTileBytes = BlockM * kSmemStride * 2;
+  static constexpr int kKVTileBytes = BlockN * KvLayout::kRowBytes;
+  static constexpr int kQTileBytes = BlockM * QLayout::kRowBytes;
   static constexpr int kPTileBytes = BlockM * kPStride * 2;
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKVTileBytes;
@@ -172,6 +181,8 @@ struct BwdTraits {
   static_assert(kKOffset % 16 == 0 && kVOffset % 16 == 0 && kQOffset % 16 == 0 &&
                     kDoOffset % 16 == 0 && kPOffset % 16 == 0 && kDsOffset % 16 == 0,
                 "16-byte aligned tiles (cp.async, ldmatrix)");
+  static_assert(!kSwizzled || (kQOffset % 128 == 0 && kDoOffset % 128 == 0 && kQTileBytes % 128 == 0),
+                "swizzled tiles start on 128-byte boundaries (SwizzledRows::advance XORs address bits 4-6)");
 };
 
 // The default backward tiling of a head dim (a rule so that every entry of

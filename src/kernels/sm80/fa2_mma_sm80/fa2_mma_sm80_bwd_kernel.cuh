@@ -219,13 +219,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBM = Tr::kBlockM;
   constexpr int kBN = Tr::kBlockN;
-  constexpr int kStride = Tr::kSmemStride;
   constexpr int kPStride = Tr::kPStride;
   constexpr int kSdpMT = Tr::kSdpMT, kSdpNT = Tr::kSdpNT;
   constexpr int kKvMT = Tr::kKvMT, kKvNT = Tr::kKvNT;
   constexpr int kDqMT = Tr::kDqMT, kDqChunkNT = Tr::kDqChunkNT;
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t smem_base = smem_address(smem);
   const uint32_t k_smem = smem_base + Tr::kKOffset;
   const uint32_t v_smem = smem_base + Tr::kVOffset;
@@ -263,17 +262,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int dq_row0 = Tr::dq_row0(warp);                       // query row in the block
   const int dq_col0 = Tr::dq_col0(warp);                       // head_dim column
 
-  // ldmatrix lane addresses (bytes), operand by operand (see warp_gemm_smem).
+  // ldmatrix lane addresses (bytes from a tile's origin), operand by operand
+  // (see warp_gemm_smem): Q and dO in Tr::QLayout, K, V, P and dS padded.
+  using QLayout = typename Tr::QLayout;
+  using KvLayout = typename Tr::KvLayout;
+  using PLayout = typename Tr::PLayout;
+  const LaneCell rows16 = ldmatrix_cell_rows16(lane), pairs = ldmatrix_cell_pairs(lane);
   // S = Q K^T, dP = dO V^T: A = Q / dO rows [m][k]; B = K / V rows [n][k].
-  const uint32_t sdp_a_lane = (ldmatrix_offset_rows16(lane, kStride) + sdp_row0 * kStride) * 2;
-  const uint32_t sdp_b_lane = (ldmatrix_offset_pairs(lane, kStride) + sdp_col0 * kStride) * 2;
+  const uint32_t sdp_a_lane = QLayout::chunk_offset(sdp_row0 + rows16.row, rows16.chunk);
+  const uint32_t sdp_b_lane = KvLayout::chunk_offset(sdp_col0 + pairs.row, pairs.chunk);
   // dV += P^T dO, dK += dS^T Q: A = P^T / dS^T from P / dS rows [k = query][m = key];
   // B = dO / Q rows [k = query][n = column].
-  const uint32_t kv_a_lane = (ldmatrix_offset_pairs(lane, kPStride) + kv_row0) * 2;
-  const uint32_t kv_b_lane = (ldmatrix_offset_rows16(lane, kStride) + kv_col0) * 2;
+  const uint32_t kv_a_lane = PLayout::chunk_offset(pairs.row, kv_row0 / 8 + pairs.chunk);
+  const uint32_t kv_b_lane = QLayout::chunk_offset(rows16.row, kv_col0 / 8 + rows16.chunk);
   // dQ = dS K: A = dS rows [m = query][k = key]; B = K rows [k = key][n = column].
-  const uint32_t dq_a_lane = (ldmatrix_offset_rows16(lane, kPStride) + dq_row0 * kPStride) * 2;
-  const uint32_t dq_b_lane = (ldmatrix_offset_rows16(lane, kStride) + dq_col0) * 2;
+  const uint32_t dq_a_lane = PLayout::chunk_offset(dq_row0 + rows16.row, rows16.chunk);
+  const uint32_t dq_b_lane = KvLayout::chunk_offset(rows16.row, dq_col0 / 8 + rows16.chunk);
 
   float* const dq_accum_slot =
       p.dq_accum + (p.deterministic ? blockIdx.x * dq_accum_slot_stride : 0) + view.dq_accum_offset;
@@ -297,7 +301,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const auto load_q = [&](int j, int stage) {
       const int head = kv_head * group + j / m_count;
       const int m0 = (m_begin + j % m_count) * kBM;
-      load_tile_async<Tr, kBM>(q_smem + stage * Tr::kQTileBytes,
+      load_tile_async<Tr, kBM, QLayout>(q_smem + stage * Tr::kQTileBytes,
                                static_cast<const Element*>(p.q) + view.q_offset +
                                    head * p.q_head_stride + m0 * p.q_row_stride,
                                p.q_row_stride, seqlen_q - m0);
@@ -313,7 +317,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const auto load_do = [&](int j, uint32_t dst) {
       const int head = kv_head * group + j / m_count;
       const int m0 = (m_begin + j % m_count) * kBM;
-      load_tile_async<Tr, kBM>(dst,
+      load_tile_async<Tr, kBM, QLayout>(dst,
                                static_cast<const Element*>(p.dout) + view.dout_offset +
                                    head * p.dout_head_stride + m0 * p.dout_row_stride,
                                p.dout_row_stride, seqlen_q - m0);
@@ -330,11 +334,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     __syncthreads();  // the previous key block's epilogue is done with K/V shared memory
     if (steps > 0) {
-      load_tile_async<Tr, kBN>(k_smem,
+      load_tile_async<Tr, kBN, KvLayout>(k_smem,
                                static_cast<const Element*>(p.k) + view.k_offset +
                                    kv_head * p.k_head_stride + n0 * p.k_row_stride,
                                p.k_row_stride, keys_here);
-      load_tile_async<Tr, kBN>(v_smem,
+      load_tile_async<Tr, kBN, KvLayout>(v_smem,
                                static_cast<const Element*>(p.v) + view.v_offset +
                                    kv_head * p.v_head_stride + n0 * p.v_row_stride,
                                p.v_row_stride, keys_here);
@@ -371,9 +375,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int n = 0; n < kSdpNT; ++n)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc_s[mt][n][i] = acc_dp[mt][n][i] = 0.f;
-      warp_gemm_smem<Element, false, false, kD / 16, kStride, kStride>(
+      warp_gemm_smem<Element, false, false, kD / 16, QLayout, KvLayout>(
           acc_s, q_cur + sdp_a_lane, k_smem + sdp_b_lane);
-      warp_gemm_smem<Element, false, false, kD / 16, kStride, kStride>(
+      warp_gemm_smem<Element, false, false, kD / 16, QLayout, KvLayout>(
           acc_dp, do_cur + sdp_a_lane, v_smem + sdp_b_lane);
 
       // Mask (only blocks some row does not see whole), P, dS; both to shared memory.
@@ -420,7 +424,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       __syncthreads();  // P, dS complete
 
       // dV += P^T dO (k = the block's kBM query rows).
-      warp_gemm_smem<Element, true, true, kBM / 16, kPStride, kStride>(
+      warp_gemm_smem<Element, true, true, kBM / 16, PLayout, QLayout>(
           acc_dv, p_smem + kv_a_lane, do_cur + kv_b_lane);
       if constexpr (Tr::kDoStages == 1) {
         __syncthreads();  // every warp is done with dO[j]
@@ -428,7 +432,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         cp_async_commit();
       }
       // dK += dS^T Q.
-      warp_gemm_smem<Element, true, true, kBM / 16, kPStride, kStride>(
+      warp_gemm_smem<Element, true, true, kBM / 16, PLayout, QLayout>(
           acc_dk, ds_smem + kv_a_lane, q_cur + kv_b_lane);
       if constexpr (Tr::kQStages == 1) {
         __syncthreads();  // every warp is done with Q[j]
@@ -450,8 +454,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           for (int n = 0; n < kDqChunkNT; ++n)
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc_dq[mt][n][i] = 0.f;
-        warp_gemm_smem<Element, false, true, kBN / 16, kPStride, kStride>(
-            acc_dq, ds_smem + dq_a_lane, k_smem + dq_b_lane + chunk * Tr::kDqChunkCols * 2);
+        warp_gemm_smem<Element, false, true, kBN / 16, PLayout, KvLayout>(
+            acc_dq, ds_smem + dq_a_lane,
+            KvLayout::advance(k_smem + dq_b_lane, 0, chunk * Tr::kDqChunkCols / 8));
 #pragma unroll
         for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
@@ -466,8 +471,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // sees write zeros.
     cp_async_wait<0>();  // nothing is in flight (only empty groups); kept for safety
     __syncthreads();     // every warp is done reading K and V
-    Element* const dk_tile = reinterpret_cast<Element*>(smem + Tr::kKOffset);
-    Element* const dv_tile = reinterpret_cast<Element*>(smem + Tr::kVOffset);
+    // (row, column) of the K and V tiles in their layout: byte offsets.
+    const auto tile_byte = [](int row, int col) {
+      return KvLayout::chunk_offset(row, col / 8) + (col % 8) * 2;
+    };
+    unsigned char* const dk_tile = smem + Tr::kKOffset;
+    unsigned char* const dv_tile = smem + Tr::kVOffset;
 #pragma unroll
     for (int mt = 0; mt < kKvMT; ++mt)
 #pragma unroll
@@ -476,10 +485,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         for (int h = 0; h < 2; ++h) {
           const int row = kv_row0 + mt * 16 + quad_row + h * 8;
           const int col = kv_col0 + n * 8 + quad_col * 2;
-          *reinterpret_cast<uint32_t*>(dk_tile + row * kStride + col) =
+          *reinterpret_cast<uint32_t*>(dk_tile + tile_byte(row, col)) =
               pack2<Element>(acc_dk[mt][n][h * 2] * p.softmax_scale,
                              acc_dk[mt][n][h * 2 + 1] * p.softmax_scale);
-          *reinterpret_cast<uint32_t*>(dv_tile + row * kStride + col) =
+          *reinterpret_cast<uint32_t*>(dv_tile + tile_byte(row, col)) =
               pack2<Element>(acc_dv[mt][n][h * 2], acc_dv[mt][n][h * 2 + 1]);
         }
     __syncthreads();
@@ -497,9 +506,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         const int col = (chunk % kChunksPerRow) * 8;
         if (row < keys_here) {
           *reinterpret_cast<uint4*>(dk_out + (n0 + row) * p.dk_row_stride + col) =
-              *reinterpret_cast<const uint4*>(dk_tile + row * kStride + col);
+              *reinterpret_cast<const uint4*>(dk_tile + tile_byte(row, col));
           *reinterpret_cast<uint4*>(dv_out + (n0 + row) * p.dv_row_stride + col) =
-              *reinterpret_cast<const uint4*>(dv_tile + row * kStride + col);
+              *reinterpret_cast<const uint4*>(dv_tile + tile_byte(row, col));
         }
       }
     }

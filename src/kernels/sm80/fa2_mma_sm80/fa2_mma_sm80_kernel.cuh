@@ -53,24 +53,26 @@ using namespace ::flashlab::sm80;  // cp.async, ldmatrix, mma, mma_b_block, fast
 
 // ---------------------------------------------------------------------------
 // Copies a Rows x HeadDim tile (row-major, row_stride elements apart) into
-// padded shared memory; rows >= valid_rows are zero-filled without a read.
+// shared memory laid out as Layout (by default rows of Tr::kSmemStride elements:
+// padded); rows >= valid_rows are zero-filled without a read.
 // Where the threads cover whole rows, each thread moves the same 16-byte
 // column of every kRowsPerPass-th row: one pointer and one stride cover all
 // its copies, which keeps registers free for the accumulators.
-template <class Tr, int Rows, typename Element>
+template <class Tr, int Rows, class Layout = PaddedRows<Tr::kSmemStride * 2>, typename Element>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Element* tile,
                                                 int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = Tr::kHeadDim / 8;
   constexpr int kRowsPerPass = Tr::kThreads / kChunksPerRow;
   if constexpr (Tr::kThreads % kChunksPerRow == 0 && Rows % kRowsPerPass == 0) {
     const int row0 = threadIdx.x / kChunksPerRow;
-    const int col = (threadIdx.x % kChunksPerRow) * 8;
-    const Element* src = tile + row0 * row_stride + col;
-    const uint32_t dst = smem_tile + (row0 * Tr::kSmemStride + col) * 2;
+    const int chunk = threadIdx.x % kChunksPerRow;
+    static_assert(kRowsPerPass % Layout::kRowPeriod == 0, "each pass keeps the thread's chunk position");
+    const Element* src = tile + row0 * row_stride + chunk * 8;
+    const uint32_t dst = smem_tile + Layout::chunk_offset(row0, chunk);
 #pragma unroll
     for (int i = 0; i < Rows / kRowsPerPass; ++i) {
       const bool valid = row0 + i * kRowsPerPass < valid_rows;
-      cp_async_16(dst + i * kRowsPerPass * Tr::kSmemStride * 2, valid ? src : tile, valid);
+      cp_async_16(Layout::advance(dst, i * kRowsPerPass, 0), valid ? src : tile, valid);
       src += kRowsPerPass * row_stride;
     }
   } else {  // e.g. head_dim 96: 12 chunks a row do not divide the thread count
@@ -82,7 +84,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Elemen
         const int row = chunk / kChunksPerRow;
         const int col = (chunk % kChunksPerRow) * 8;
         const bool valid = row < valid_rows;
-        cp_async_16(smem_tile + (row * Tr::kSmemStride + col) * 2,
+        cp_async_16(smem_tile + Layout::chunk_offset(row, col / 8),
                     valid ? tile + row * row_stride + col : tile, valid);
       }
     }

@@ -271,8 +271,13 @@ struct SplitKvTraits {
   static constexpr bool kQInRegs = QInRegs;
   static constexpr int kBlockRows = 16;  // packed rows per block (one m16 slab)
   static constexpr int kChunkKeys = 16;  // keys per warp step (the k16 of P V)
-  static constexpr int kSmemStride = HeadDim + 8;  // 16 bytes of padding per row
-  static constexpr int kChunkBytes = kChunkKeys * kSmemStride * 2;
+  static constexpr int kSmemStride = HeadDim + 8;  // Q: 16 bytes of padding per row
+  // K/V chunks (streamed through every warp's ring): rows swizzled where they
+  // are whole 128-byte groups, so each cp.async fills whole segments; padded
+  // otherwise (head_dim 32, 96).
+  using KvLayout = std::conditional_t<HeadDim % 64 == 0, sm80::SwizzledRows<HeadDim * 2>,
+                                      sm80::PaddedRows<kSmemStride * 2>>;
+  static constexpr int kChunkBytes = kChunkKeys * KvLayout::kRowBytes;
   static constexpr int kQBytes = kBlockRows * kSmemStride * 2;
   static constexpr int kRingBytes = Warps * Stages * 2 * kChunkBytes;  // K and V
   // The warps' (m, l, O) merge reuses the ring: O 16 x HeadDim float32 per warp.
@@ -280,6 +285,8 @@ struct SplitKvTraits {
   static constexpr int kSmemBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
   static_assert(HeadDim % 32 == 0, "head_dim a multiple of 32");
   static_assert(Stages >= 2, "at least double buffering per warp");
+  static_assert(kQBytes % 128 == 0 && kChunkBytes % 128 == 0,
+                "K/V chunks start on 128-byte boundaries (SwizzledRows::advance XORs address bits 4-6)");
 };
 
 // Default split-KV tiling: 8 warps with 2 stages each up to head_dim 128

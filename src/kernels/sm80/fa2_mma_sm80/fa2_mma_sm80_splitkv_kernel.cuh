@@ -29,7 +29,9 @@
 // rule and the PTX wrappers come from src/kernels/common/.
 //
 // Tiling: SplitKvTraits<HeadDim, Warps, Stages, QInRegs> (fa2_mma_sm80.h),
-// DefaultSplitKvTraits: 4 warps, 16 packed rows a block, 16-key chunks.
+// DefaultSplitKvTraits: 8 warps x 2 ring stages up to head_dim 128, 4 x 3 at
+// 256; 16 packed rows a block, 16-key chunks. K/V chunks sit in swizzled rows
+// at head dims 64/128/256 (whole 128-byte segments a cp.async), padded at 32/96.
 // The split count comes from the host heuristic (fa2_mma_sm80_kvcache.cpp).
 //
 // Limits: fp16 / bf16, head_dim in HeadDims; paged caches with page_size a
@@ -119,7 +121,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
   constexpr int kStages = Tr::kStages;
   constexpr int kChunk = Tr::kChunkKeys;
 
-  extern __shared__ __align__(16) unsigned char smem[];
+  using KvLayout = typename Tr::KvLayout;
+  extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t q_smem = smem_address(smem);
   const uint32_t ring_smem = q_smem + Tr::kQBytes;
 
@@ -204,8 +207,9 @@ __global__ void __launch_bounds__(Tr::kThreads)
       const bool valid = key0 + r < seqlen_k;
       // With a 256-byte L2 prefetch: +1-2% GB/s at head_dim 128 on the H100
       // (decode b8-b32, 32k-128k keys, same-run A/B), where a key's row is 256 bytes.
-      cp_async_16_l2_256(k_dst + (r * kStride + col) * 2, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
-      cp_async_16_l2_256(v_dst + (r * kStride + col) * 2, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
+      const uint32_t cell = KvLayout::chunk_offset(r, col / 8);
+      cp_async_16_l2_256(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
+      cp_async_16_l2_256(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
     }
   };
 #pragma unroll
@@ -222,8 +226,10 @@ __global__ void __launch_bounds__(Tr::kThreads)
 #pragma unroll
     for (int ks = 0; ks < kDSteps; ++ks) ldmatrix_x4(q_frag[ks][0], q_lane + ks * 16 * 2);
   }
-  const uint32_t k_lane_offset = ldmatrix_offset_pairs(lane, kStride) * 2;   // K as B of Q K^T
-  const uint32_t v_lane_offset = ldmatrix_offset_rows16(lane, kStride) * 2;  // V as B of P V (.trans)
+  const LaneCell k_cell = ldmatrix_cell_pairs(lane);   // K as B of Q K^T
+  const LaneCell v_cell = ldmatrix_cell_rows16(lane);  // V as B of P V (.trans)
+  const uint32_t k_lane_offset = KvLayout::chunk_offset(k_cell.row, k_cell.chunk);
+  const uint32_t v_lane_offset = KvLayout::chunk_offset(v_cell.row, v_cell.chunk);
 
   // Rows group and group + 8 of the slab: their query rows.
   int row_query[2];
@@ -263,7 +269,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
       } else {
         ldmatrix_x4(a[0], q_lane + ks * 16 * 2);
       }
-      mma_b_block<Element, /*kTransposeB=*/false>(acc_s, 0, a, k_stage + k_lane_offset + ks * 16 * 2);
+      mma_b_block<Element, /*kTransposeB=*/false>(acc_s, 0, a, KvLayout::advance(k_stage + k_lane_offset, 0, ks * 2));
     }
 
     const int key0 = chunk_of(j) * kChunk;
@@ -313,7 +319,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
                               pack2<Element>(acc_s[0][1][2], acc_s[0][1][3])}};
 #pragma unroll
     for (int nd = 0; nd < kD / 16; ++nd)
-      mma_b_block<Element, /*kTransposeB=*/true>(acc_o, nd, p_frag, v_stage + v_lane_offset + nd * 16 * 2);
+      mma_b_block<Element, /*kTransposeB=*/true>(acc_o, nd, p_frag,
+                                                 KvLayout::advance(v_stage + v_lane_offset, 0, nd * 2));
   }
   cp_async_wait<0>();  // only empty groups remain
 #pragma unroll

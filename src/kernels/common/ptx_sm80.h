@@ -98,28 +98,21 @@ __device__ __forceinline__ void mma_b_block(float (&acc)[kMT][kNTiles][4], int n
 // elements; lane l gives the address of row (l % 8) of matrix (l / 8). Without
 // .trans thread t receives (row t/4, columns 2(t%4), 2(t%4)+1) of each matrix,
 // with .trans (rows 2(t%4), 2(t%4)+1, column t/4). For a 16x16 block of a
-// row-major shared tile (`stride` elements per row), two lane patterns feed
-// every operand of mma m16n8k16 (a0..a3 = A rows 0-7/8-15 x k 0-7/8-15 in the
-// order (0-7,0-7), (8-15,0-7), (0-7,8-15), (8-15,8-15); a B pair = b0, b1 of
-// n-tile 0 then b0, b1 of n-tile 1, which is what mma_b_block expects):
+// row-major shared tile, two lane patterns feed every operand of mma m16n8k16
+// (a0..a3 = A rows 0-7/8-15 x k 0-7/8-15 in the order (0-7,0-7), (8-15,0-7),
+// (0-7,8-15), (8-15,8-15); a B pair = b0, b1 of n-tile 0 then b0, b1 of n-tile
+// 1, which is what mma_b_block expects):
 //
-// ldmatrix_offset_rows16: lanes 0-15 rows 0-15 at column 0, lanes 16-31 rows
-//   0-15 at column 8; matrices (r0-7, c0-7), (r8-15, c0-7), (r0-7, c8-15), (r8-15, c8-15).
+// ldmatrix_cell_rows16: lanes 0-15 rows 0-15 at chunk 0, lanes 16-31 rows
+//   0-15 at chunk 1; matrices (r0-7, c0-7), (r8-15, c0-7), (r0-7, c8-15), (r8-15, c8-15).
 //   - the A operand from [m][k] storage with ldmatrix (Q, dO, dS as A);
 //   - a B pair from [k][n] storage with ldmatrix.trans (V, dO, Q, K as B).
-// ldmatrix_offset_pairs: matrices (r0-7, c0-7), (r0-7, c8-15), (r8-15, c0-7), (r8-15, c8-15).
+// ldmatrix_cell_pairs: matrices (r0-7, c0-7), (r0-7, c8-15), (r8-15, c0-7), (r8-15, c8-15).
 //   - a B pair from [n][k] storage with ldmatrix (K, V as B of Q K^T, dO V^T);
 //   - the A operand from [k][m] storage with ldmatrix.trans (P^T, dS^T as A):
 //     a1 = A(m 8-15, k 0-7) is stored at (k 0-7, m 8-15) = matrix (r0-7, c8-15).
-// Element offsets; multiply by the element size for byte addresses.
-__device__ __forceinline__ int ldmatrix_offset_rows16(int lane, int stride) {
-  return (lane & 15) * stride + (lane >> 4) * 8;
-}
-__device__ __forceinline__ int ldmatrix_offset_pairs(int lane, int stride) {
-  return ((lane & 7) + ((lane >> 4) << 3)) * stride + ((lane >> 3) & 1) * 8;
-}
-// The same patterns as (row, 16-byte chunk) of the lane's address, for layouts
-// that place chunks themselves (SwizzledRows below).
+// A cell is the lane's (row, 16-byte chunk) within the 16x16 block; a tile's
+// layout (common/smem_layout.h) turns it into a byte offset (chunk_offset).
 struct LaneCell {
   int row, chunk;
 };
@@ -127,16 +120,25 @@ __device__ __forceinline__ LaneCell ldmatrix_cell_rows16(int lane) { return {lan
 __device__ __forceinline__ LaneCell ldmatrix_cell_pairs(int lane) {
   return {(lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1};
 }
+// The same as element offsets in a tile of rows `stride` elements apart.
+__device__ __forceinline__ int ldmatrix_offset_rows16(int lane, int stride) {
+  const LaneCell cell = ldmatrix_cell_rows16(lane);
+  return cell.row * stride + cell.chunk * 8;
+}
+__device__ __forceinline__ int ldmatrix_offset_pairs(int lane, int stride) {
+  const LaneCell cell = ldmatrix_cell_pairs(lane);
+  return cell.row * stride + cell.chunk * 8;
+}
 
 // acc[kMT][kNT][4] += A * B for one warp, both operands in shared memory
 // (16-bit elements, tiles laid out as ALayout / BLayout), kKSteps steps of
 // k16. A is kMT*16 x kKSteps*16, B is kKSteps*16 x kNT*8; the accumulator
 // tile (mt, n) covers rows mt*16.. and columns n*8.. (mma C layout: c0, c1 at
 // row lane/4, columns 2(lane%4)+{0,1}; c2, c3 eight rows lower).
-//   kATransposed false: A stored [m][k]; a_lane = the lane's ldmatrix_offset_rows16 address.
-//   kATransposed true:  A stored [k][m] (A^T row-major); a_lane = its ldmatrix_offset_pairs address.
-//   kBTransposed false: B stored [n][k]; b_lane = its ldmatrix_offset_pairs address.
-//   kBTransposed true:  B stored [k][n]; b_lane = its ldmatrix_offset_rows16 address.
+//   kATransposed false: A stored [m][k]; a_lane = the address of its ldmatrix_cell_rows16 cell.
+//   kATransposed true:  A stored [k][m] (A^T row-major); a_lane = that of its ldmatrix_cell_pairs cell.
+//   kBTransposed false: B stored [n][k]; b_lane = that of its ldmatrix_cell_pairs cell.
+//   kBTransposed true:  B stored [k][n]; b_lane = that of its ldmatrix_cell_rows16 cell.
 // (a_lane, b_lane: shared-memory byte addresses of the lane's row and chunk in
 // its layout, tile origin included.)
 template <typename Element, bool kATransposed, bool kBTransposed, int kKSteps, class ALayout,

@@ -104,12 +104,12 @@ struct BwdTraits {
   // whole 128-byte groups (head_dim 64, 128, 256), else padded by 16 bytes (32,
   // 96). K, V (loaded once per key block) and P, dS (written by st.shared):
   // padded. Padded or swizzled, every ldmatrix phase hits 8 distinct bank groups.
-  static constexpr bool kSwizzled = HeadDim % 64 == 0;
-  using QLayout = std::conditional_t<kSwizzled, sm80::SwizzledRows<HeadDim * 2>, sm80::PaddedRows<(HeadDim + 8) * 2>>;
-  using KvLayout = sm80::PaddedRows<(HeadDim + 8) * 2>;
-  using PLayout = sm80::PaddedRows<(BlockN + 8) * 2>;
-  static constexpr int kSmemStride = HeadDim + 8;  // the padded rows (the forward loader's default)
+  static constexpr int kSmemStride = HeadDim + 8;  // padded rows, in elements
   static constexpr int kPStride = BlockN + 8;      // P, dS
+  static constexpr bool kSwizzled = HeadDim % 64 == 0;
+  using KvLayout = sm80::PaddedRows<kSmemStride * 2>;
+  using QLayout = std::conditional_t<kSwizzled, sm80::SwizzledRows<HeadDim * 2>, KvLayout>;
+  using PLayout = sm80::PaddedRows<kPStride * 2>;
 
   // S / dP warp layout.
   static constexpr int kSdpWarpsM = BlockM / 32;  // 32 query rows a warp

@@ -281,6 +281,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   float* const dq_accum_slot =
       p.dq_accum + (p.deterministic ? blockIdx.x * dq_accum_slot_stride : 0) + view.dq_accum_offset;
+  // Threads 0 .. kBM-1 copy a Q tile's LSE, kBM .. 2kBM-1 its D, one row each:
+  // the row's source at head 0, query row 0 (+ head * lse_head_stride + m0),
+  // and its destination in stage 0 (+ stage * kBM floats).
+  const int stats_row = tid % kBM;
+  const float* const stats_src = (tid < kBM ? p.lse : p.softmax_d) + batch * p.lse_batch_stride +
+                                 view.lse_row0 + stats_row;
+  const uint32_t stats_dst = (tid < kBM ? lse_smem : d_smem) + stats_row * 4;
 
   // Default mode: gridDim.x = key blocks, one round. Deterministic: gridDim.x =
   // slots, one key block a round (backward_key_block).
@@ -294,30 +301,33 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int m_begin = rows.empty() ? 0 : rows.first / kBM;
     const int m_count = rows.empty() ? 0 : rows.last / kBM + 1 - m_begin;
     // The walk: step j is query head kv_head * group + j / m_count, query block
-    // m_begin + j % m_count.
+    // m_begin + j % m_count, tracked as (head, m0) and advanced one step at a
+    // time (a division by m_count in the loop cost about 20 serial instructions
+    // per use, between the barrier and the first ldmatrix).
     const int steps = m_count * group;
+    const int m0_first = m_begin * kBM, m0_end = (m_begin + m_count) * kBM;
+    const auto next_tile = [&](int& head, int& m0) {
+      m0 += kBM;
+      if (m0 == m0_end) {
+        m0 = m0_first;
+        ++head;
+      }
+    };
 
-    // Q tile j into stage `stage`, with the LSE and D of its rows (zero past seqlen_q).
-    const auto load_q = [&](int j, int stage) {
-      const int head = kv_head * group + j / m_count;
-      const int m0 = (m_begin + j % m_count) * kBM;
-      load_tile_async<Tr, kBM, QLayout>(q_smem + stage * Tr::kQTileBytes,
+    // Q tile (head, m0) into stage `stage`, with the LSE and D of its rows (zero past seqlen_q).
+    const auto load_q = [&](int head, int m0, int stage) {
+      load_tile_async<Tr, kBM, QLayout, true>(q_smem + stage * Tr::kQTileBytes,
                                static_cast<const Element*>(p.q) + view.q_offset +
                                    head * p.q_head_stride + m0 * p.q_row_stride,
                                p.q_row_stride, seqlen_q - m0);
-      const int64_t stats = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
       if (tid < 2 * kBM) {
-        const int row = tid % kBM;
-        const bool valid = m0 + row < seqlen_q;
-        const float* src = tid < kBM ? p.lse : p.softmax_d;
-        const uint32_t dst = (tid < kBM ? lse_smem : d_smem) + (stage * kBM + row) * 4;
-        cp_async_4(dst, valid ? src + stats + m0 + row : src, valid);
+        const bool valid = m0 + stats_row < seqlen_q;
+        cp_async_4(stats_dst + stage * kBM * 4, valid ? stats_src + head * p.lse_head_stride + m0 : stats_src,
+                   valid);
       }
     };
-    const auto load_do = [&](int j, uint32_t dst) {
-      const int head = kv_head * group + j / m_count;
-      const int m0 = (m_begin + j % m_count) * kBM;
-      load_tile_async<Tr, kBM, QLayout>(dst,
+    const auto load_do = [&](int head, int m0, uint32_t dst) {
+      load_tile_async<Tr, kBM, QLayout, true>(dst,
                                static_cast<const Element*>(p.dout) + view.dout_offset +
                                    head * p.dout_head_stride + m0 * p.dout_row_stride,
                                p.dout_row_stride, seqlen_q - m0);
@@ -342,14 +352,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                static_cast<const Element*>(p.v) + view.v_offset +
                                    kv_head * p.v_head_stride + n0 * p.v_row_stride,
                                p.v_row_stride, keys_here);
-      load_q(0, 0);
-      load_do(0, do_smem);
+      load_q(kv_head * group, m0_first, 0);
+      load_do(kv_head * group, m0_first, do_smem);
       cp_async_commit();
     }
 
+    int head = kv_head * group, m0 = m0_first;  // step j's query head and block
     for (int j = 0; j < steps; ++j) {
-      const int head = kv_head * group + j / m_count;
-      const int m0 = (m_begin + j % m_count) * kBM;
+      int next_head = head, next_m0 = m0;  // step j + 1's
+      next_tile(next_head, next_m0);
       const int q_stage = j % Tr::kQStages;
       const uint32_t q_cur = q_smem + q_stage * Tr::kQTileBytes;
       const uint32_t do_cur = do_smem + (j % Tr::kDoStages) * Tr::kQTileBytes;
@@ -359,10 +370,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cp_async_wait<0>();
       __syncthreads();
       if constexpr (Tr::kQStages == 2) {
-        if (j + 1 < steps) load_q(j + 1, (j + 1) % 2);
+        if (j + 1 < steps) load_q(next_head, next_m0, (j + 1) % 2);
       }
       if constexpr (Tr::kDoStages == 2) {
-        if (j + 1 < steps) load_do(j + 1, do_smem + ((j + 1) % 2) * Tr::kQTileBytes);
+        if (j + 1 < steps) load_do(next_head, next_m0, do_smem + ((j + 1) % 2) * Tr::kQTileBytes);
       }
       cp_async_commit();
 
@@ -428,7 +439,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           acc_dv, p_smem + kv_a_lane, do_cur + kv_b_lane);
       if constexpr (Tr::kDoStages == 1) {
         __syncthreads();  // every warp is done with dO[j]
-        if (j + 1 < steps) load_do(j + 1, do_smem);
+        if (j + 1 < steps) load_do(next_head, next_m0, do_smem);
         cp_async_commit();
       }
       // dK += dS^T Q.
@@ -436,7 +447,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           acc_dk, ds_smem + kv_a_lane, q_cur + kv_b_lane);
       if constexpr (Tr::kQStages == 1) {
         __syncthreads();  // every warp is done with Q[j]
-        if (j + 1 < steps) load_q(j + 1, 0);
+        if (j + 1 < steps) load_q(next_head, next_m0, 0);
         cp_async_commit();
       }
 
@@ -464,6 +475,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             add_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
                             acc_dq[mt][n]);
       }
+      head = next_head;
+      m0 = next_m0;
     }
 
     // Epilogue: dK * scale and dV in the input dtype, staged through the K and V

@@ -58,7 +58,11 @@ using namespace ::flashlab::sm80;  // cp.async, ldmatrix, mma, mma_b_block, fast
 // Where the threads cover whole rows, each thread moves the same 16-byte
 // column of every kRowsPerPass-th row: one pointer and one stride cover all
 // its copies, which keeps registers free for the accumulators.
-template <class Tr, int Rows, class Layout = PaddedRows<Tr::kSmemStride * 2>, typename Element>
+// kFullTilePath: tiles with every row valid take a copy loop without the
+// per-row checks (the backward refills Q and dO every step, and all of its
+// query blocks but a sequence's last are full); the forward keeps one loop.
+template <class Tr, int Rows, class Layout = PaddedRows<Tr::kSmemStride * 2>,
+          bool kFullTilePath = false, typename Element>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Element* tile,
                                                 int64_t row_stride, int valid_rows) {
   constexpr int kChunksPerRow = Tr::kHeadDim / 8;
@@ -69,6 +73,12 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Elemen
     static_assert(kRowsPerPass % Layout::kRowPeriod == 0, "each pass keeps the thread's chunk position");
     const Element* src = tile + row0 * row_stride + chunk * 8;
     const uint32_t dst = smem_tile + Layout::chunk_offset(row0, chunk);
+    if (kFullTilePath && valid_rows >= Rows) {
+#pragma unroll
+      for (int i = 0; i < Rows / kRowsPerPass; ++i)
+        cp_async_16(Layout::advance(dst, i * kRowsPerPass, 0), src + i * kRowsPerPass * row_stride, true);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < Rows / kRowsPerPass; ++i) {
       const bool valid = row0 + i * kRowsPerPass < valid_rows;

@@ -90,6 +90,14 @@ std::vector<KvCacheCase> kvcache_reference_cases(int compute_capability, const K
                            (page_size == 0 ? "contiguous1023" : "paged16"),
                        full, compute_capability);
     }
+    // 20 sequences x 8 kv heads: a block for every multiprocessor at one split,
+    // on a short cache, so fa2_mma_sm80 takes its wide tiling (kvcache_tiling).
+    KvCacheSpec many = spec_of({"", bf16, 128, 1, 32, 8, false, 0, 1, false});
+    const std::vector<int> lengths = many.cache_seqlens;
+    many.cache_seqlens.clear();
+    for (int i = 0; i < 20; ++i) many.cache_seqlens.push_back(lengths[i % lengths.size()]);
+    many.batch = 20;
+    add_if_supported(cases, kernel, "bf16_d128_q1_h32_8_batch20_contiguous_new1", many, compute_capability);
   }
   return cases;
 }

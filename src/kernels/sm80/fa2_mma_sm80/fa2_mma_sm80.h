@@ -289,16 +289,30 @@ struct SplitKvTraits {
                 "K/V chunks start on 128-byte boundaries (SwizzledRows::advance XORs address bits 4-6)");
 };
 
-// Default split-KV tiling: 8 warps with 2 stages each up to head_dim 128
-// (H100: 3 blocks per SM at 64, 1 at 128), 4 warps with 3 stages at 256 (1
-// block); Q fragments in registers up to 128. Same-run A/B on the H100 (d128,
-// bf16, 32/8 heads, flashlab-bench --decode): against 4 warps x 3 stages (2
-// blocks per SM), batch 1 went from 32.2 / 65.2 / 204 us to 27.4 / 60.6 /
-// 196 us at 8k / 32k / 128k keys, batch 8 and 32 within 1%.
+// Split-KV tilings, chosen per launch (kvcache_tiling):
+// - narrow: 8 warps with 2 stages each up to head_dim 128 (H100: 1 block per SM
+//   at 128), 4 warps with 3 stages at 256; the most warps on one block's keys.
+//   Same-run A/B on the H100 (d128, bf16, 32/8 heads): against 4 warps x 3
+//   stages, batch 1 went from 32.2 / 65.2 / 204 us to 27.4 / 60.6 / 196 us at
+//   8k / 32k / 128k keys (session 4).
+// - wide: 4 warps with 3 stages (2 blocks per SM at 128): where one split
+//   already gives every SM a block and each block's keys are few, a second
+//   resident block streams while the other is in its prologue or epilogue
+//   (H100, batch 32 x 1k keys, 32/8 heads: 50.9 against 54.2 us; 4k: 180.8
+//   against 182.4; 8k and longer 0.3-0.5% slower, batch 1 and 8 slower:
+//   session 10, optimization log decode step 10).
+// Q fragments in registers up to head_dim 128.
 template <int HeadDim>
-struct DefaultSplitKvTraits {
+struct NarrowSplitKvTraits {
   using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), (HeadDim <= 128 ? 2 : 3), (HeadDim <= 128)>;
 };
+template <int HeadDim>
+struct WideSplitKvTraits {
+  using type = SplitKvTraits<HeadDim, 4, 3, (HeadDim <= 128)>;
+};
+enum class KvTiling { kNarrow, kWide };
+// The longest cache (capacity, keys) the wide tiling takes.
+inline constexpr int kWideTilingMaxKeys = 4096;
 
 // The most splits a launch takes, and the page-size rule of a paged cache.
 inline constexpr int kMaxKvSplits = 128;
@@ -312,15 +326,22 @@ size_t kvcache_workspace_bytes(const KvCacheParams& params);
 // The splits a launch uses: params.num_splits, or the heuristic for 0.
 int kvcache_splits_used(const KvCacheParams& params);
 TileShape kvcache_tile_shape(const KvCacheParams& params);
-// The registry's launch hook: launch_kvcache for params.head_dim's default tiling.
+// The tiling a launch uses: wide when batch x kv_heads x packed-row tiles
+// gives every multiprocessor a block and the cache holds at most
+// kWideTilingMaxKeys keys, else narrow.
+KvTiling kvcache_tiling(const KvCacheParams& params);
+// The registry's launch hook: launch_kvcache_tiled for params.head_dim.
 void kvcache_launch(const KvCacheParams& params);
 
 // Appends k_new / v_new (if any), runs the split kernel and, with more than
 // one split, the combine kernel; configuration Tr, params.dtype. Defined in
-// fa2_mma_sm80_splitkv_kernel.cuh, instantiated in the generated
-// fa2_mma_sm80_splitkv_hdim<D>.cu for DefaultSplitKvTraits<D>.
+// fa2_mma_sm80_splitkv_kernel.cuh.
 template <class Tr>
 void launch_kvcache(const KvCacheParams& params, int num_splits);
+// launch_kvcache with the narrow or wide tiling of HeadDim; instantiated in the
+// generated fa2_mma_sm80_splitkv_hdim<D>.cu.
+template <int HeadDim>
+void launch_kvcache_tiled(const KvCacheParams& params, int num_splits, KvTiling tiling);
 
 // Multiprocessors of the current device (132 when there is none to ask) and
 // the shared memory one multiprocessor holds, in bytes (228 KB when unknown).

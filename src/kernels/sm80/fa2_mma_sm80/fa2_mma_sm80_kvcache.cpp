@@ -28,8 +28,8 @@ namespace flashlab {
 
 namespace {
 
-using fa2_mma_sm80::DefaultSplitKvTraits;
 using fa2_mma_sm80::HeadDims;
+using fa2_mma_sm80::KvTiling;
 
 constexpr int kMinKeysPerSplit = 256;
 
@@ -38,10 +38,20 @@ int packed_row_tiles(const KvCacheParams& params) {
   return static_cast<int>((packed_rows + 15) / 16);
 }
 
-int smem_bytes(int head_dim) {
+// The split kernel's configuration for head_dim and tiling, as Tr for f.
+template <class F>
+void with_traits(int head_dim, KvTiling tiling, F&& f) {
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim, [&] {
+    if (tiling == KvTiling::kWide)
+      f(typename fa2_mma_sm80::WideSplitKvTraits<kHeadDim>::type{});
+    else
+      f(typename fa2_mma_sm80::NarrowSplitKvTraits<kHeadDim>::type{});
+  });
+}
+
+int smem_bytes(int head_dim, KvTiling tiling) {
   int bytes = 0;
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim,
-                           [&] { bytes = DefaultSplitKvTraits<kHeadDim>::type::kSmemBytes; });
+  with_traits(head_dim, tiling, [&](auto traits) { bytes = decltype(traits)::kSmemBytes; });
   return bytes;
 }
 
@@ -88,7 +98,7 @@ int fa2_mma_sm80::kvcache_max_splits(const KvCacheParams&) { return kMaxKvSplits
 
 int fa2_mma_sm80::kvcache_num_splits(const KvCacheParams& params) {
   const int64_t blocks = static_cast<int64_t>(params.batch) * params.kv_heads * packed_row_tiles(params);
-  const int bytes = smem_bytes(params.head_dim);
+  const int bytes = smem_bytes(params.head_dim, kvcache_tiling(params));
   if (blocks <= 0 || bytes <= 0) return 1;
   const int per_sm = std::max(1, shared_memory_per_multiprocessor() / (bytes + 1024));
   const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * std::min(per_sm, 16);
@@ -121,19 +131,25 @@ size_t fa2_mma_sm80::kvcache_workspace_bytes(const KvCacheParams& params) {
 
 TileShape fa2_mma_sm80::kvcache_tile_shape(const KvCacheParams& params) {
   TileShape shape;
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
-    using Tr = typename DefaultSplitKvTraits<kHeadDim>::type;
+  with_traits(params.head_dim, kvcache_tiling(params), [&](auto traits) {
+    using Tr = decltype(traits);
     shape = {Tr::kBlockRows, Tr::kChunkKeys * Tr::kWarps};
   });
   return shape;
 }
 
+KvTiling fa2_mma_sm80::kvcache_tiling(const KvCacheParams& params) {
+  const int64_t blocks = static_cast<int64_t>(params.batch) * params.kv_heads * packed_row_tiles(params);
+  return blocks >= multiprocessor_count() && params.seqlen_k <= kWideTilingMaxKeys ? KvTiling::kWide
+                                                                                  : KvTiling::kNarrow;
+}
+
 void fa2_mma_sm80::kvcache_launch(const KvCacheParams& params) {
   const int splits = kvcache_splits_used(params);
+  const KvTiling tiling = kvcache_tiling(params);
   // kvcache_unsupported_reason rejects other head dims before a launch.
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
-    launch_kvcache<typename DefaultSplitKvTraits<kHeadDim>::type>(params, splits);
-  });
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim,
+                           [&] { launch_kvcache_tiled<kHeadDim>(params, splits, tiling); });
 }
 
 }  // namespace flashlab

@@ -29,8 +29,8 @@
 // rule and the PTX wrappers come from src/kernels/common/.
 //
 // Tiling: SplitKvTraits<HeadDim, Warps, Stages, QInRegs> (fa2_mma_sm80.h),
-// DefaultSplitKvTraits: 8 warps x 2 ring stages up to head_dim 128, 4 x 3 at
-// 256; 16 packed rows a block, 16-key chunks. K/V chunks sit in swizzled rows
+// Narrow/WideSplitKvTraits, chosen per launch: 8 warps x 2 ring stages up to
+// head_dim 128, or 4 x 3 (and at 256); 16 packed rows a block, 16-key chunks. K/V chunks sit in swizzled rows
 // at head dims 64/128/256 (whole 128-byte segments a cp.async), padded at 32/96.
 // The split count comes from the host heuristic (fa2_mma_sm80_kvcache.cpp).
 //
@@ -46,6 +46,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
@@ -514,6 +515,16 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
       FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV combine)", params);
     }
   });
+}
+
+template <int HeadDim>
+void launch_kvcache_tiled(const KvCacheParams& params, int num_splits, KvTiling tiling) {
+  using Narrow = typename NarrowSplitKvTraits<HeadDim>::type;
+  using Wide = typename WideSplitKvTraits<HeadDim>::type;
+  if (tiling == KvTiling::kWide && !std::is_same_v<Narrow, Wide>)
+    launch_kvcache<Wide>(params, num_splits);
+  else
+    launch_kvcache<Narrow>(params, num_splits);
 }
 
 }  // namespace flashlab::fa2_mma_sm80

@@ -228,6 +228,7 @@ std::string kvcache_run_arguments(const KvCacheSpec& spec) {
   if (spec.window_left >= 0) text << " --window-left " << spec.window_left;
   if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
   if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
+  if (spec.cpu_reference) text << " --cpu-reference";
   return text.str();
 }
 

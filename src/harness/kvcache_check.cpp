@@ -287,17 +287,41 @@ void run_kvcache(const KvCacheSpec& spec, const KvCacheTensors& inputs, const Fo
                               inputs.options(spec.attention_options(), spec.num_splits));
 }
 
+namespace {
+
+// Every defined tensor of `tensors` on `device` (undefined ones stay undefined).
+KvCacheTensors tensors_on(const KvCacheTensors& tensors, at::Device device) {
+  const auto to = [&](const at::Tensor& tensor) { return tensor.defined() ? tensor.to(device) : tensor; };
+  return {to(tensors.q),     to(tensors.k_cache), to(tensors.v_cache), to(tensors.cache_seqlens),
+          to(tensors.block_table), to(tensors.k_new), to(tensors.v_new)};
+}
+ReferenceOutput output_on(const ReferenceOutput& output, at::Device device) {
+  return {output.out.to(device), output.lse.to(device)};
+}
+
+}  // namespace
+
 KvCacheExpected reference_kvcache(const KvCacheSpec& spec, const KvCacheTensors& before,
                                   const KvCacheParams& params) {
   ReferenceOptions options;
   options.softmax_scale = params.softmax_scale;
   options.window_left = params.window_left;
   options.window_right = params.window_right;
+  const at::Device device = before.q.device();
+  const KvCacheTensors source = spec.cpu_reference ? tensors_on(before, at::kCPU) : before;
   KvCacheExpected expected;
   options.compute_dtype = (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
-  expected.reference = reference_attention_kvcache(before, options);
+  expected.reference = reference_attention_kvcache(source, options);
   options.compute_dtype = spec.dtype;
-  expected.same_precision = reference_attention_kvcache(before, options).output;
+  expected.same_precision = reference_attention_kvcache(source, options).output;
+  if (spec.cpu_reference) {  // compared where the kernel's outputs are
+    KvCacheReference& reference = expected.reference;
+    reference.k_cache = reference.k_cache.to(device);
+    reference.v_cache = reference.v_cache.to(device);
+    reference.appended = reference.appended.to(device);
+    reference.output = output_on(reference.output, device);
+    expected.same_precision = output_on(expected.same_precision, device);
+  }
   return expected;
 }
 

@@ -50,7 +50,7 @@ constexpr int kDefaultRandomCapacity = 4096;
 // and the --kvcache ones. Throws flashlab::ArgumentError.
 flashlab::KvCacheSpec kvcache_spec(const flashlab::ProblemSpec& spec, bool seqlen_q_given,
                                    bool seqlen_k_given, const std::optional<std::string>& lengths_text,
-                                   int page_size, int num_splits, int append) {
+                                   int page_size, int num_splits, int append, bool cpu_reference) {
   using flashlab::ArgumentError;
   flashlab::KvCacheSpec kv;
   kv.kernel = spec.kernel;
@@ -63,6 +63,7 @@ flashlab::KvCacheSpec kvcache_spec(const flashlab::ProblemSpec& spec, bool seqle
   kv.window_left = spec.window_left, kv.window_right = spec.window_right;
   kv.seed = spec.seed;
   kv.float64_reference = spec.float64_reference;
+  kv.cpu_reference = cpu_reference;
   kv.page_size = page_size, kv.num_splits = num_splits, kv.seqlen_new = append;
   const std::string text = lengths_text.value_or("random");
   if (text == "random") {
@@ -104,6 +105,7 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   // --kvcache's own options.
   std::optional<std::string> cache_seqlens;
   int page_size = 0, num_splits = 0, append = 0;
+  bool cpu_reference = false;
   bool kvcache_option_given = false;
   using flashlab::parse_int;
   flashlab::ArgumentParser parser(
@@ -215,7 +217,11 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
               "cached length before attending (default 0)",
               [&](const std::string& v) {
                 append = parse_int("--append", v, 0, kIntMax), kvcache_option_given = true;
-              });
+              })
+      .flag("--cpu-reference",
+            "with --kvcache: compute the references on the CPU (the sanitizer's\nracecheck runs: "
+            "compute-sanitizer 13.0 fails cuBLAS's fp16 GEMM under racecheck)",
+            [&] { cpu_reference = true, kvcache_option_given = true; });
   if (parser.parse(argc, argv).help) {
     std::cout << parser.usage();
     return std::nullopt;
@@ -247,7 +253,7 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
   }
   if (kvcache_option_given && !arguments.kvcache)
-    throw ArgumentError("--cache-seqlens, --page-size, --num-splits and --append go with --kvcache");
+    throw ArgumentError("--cache-seqlens, --page-size, --num-splits, --append and --cpu-reference go with --kvcache");
   if (arguments.kvcache) {
     if (spec.is_varlen())
       throw ArgumentError("--kvcache takes a fixed-length batch (--batch; the keys come from --cache-seqlens), "
@@ -258,7 +264,8 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     if (arguments.backward || arguments.trace_tiles || !arguments.locate.empty())
       throw ArgumentError("--kvcache checks the decoding forward; it takes no --backward, --trace-tiles or --locate");
     arguments.kvcache_spec =
-        kvcache_spec(spec, seqlen_q_given, seqlen_k_given, cache_seqlens, page_size, num_splits, append);
+        kvcache_spec(spec, seqlen_q_given, seqlen_k_given, cache_seqlens, page_size, num_splits, append,
+                     cpu_reference);
   }
   if (!spec.is_varlen() && spec.layout == flashlab::Layout::packed_qkv &&
       spec.seqlen_q != spec.seqlen_k)

@@ -51,6 +51,7 @@ class KvCache : public KvCacheCaseTest {};
 class KvCachePagedAndContiguous : public KvCacheCaseTest {};
 class KvCacheSplits : public KvCacheCaseTest {};
 class KvCacheAppend : public KvCacheCaseTest {};
+class KvCacheCpuReference : public KvCacheCaseTest {};
 
 TEST_P(KvCache, MatchesReference) {
   const KvCacheCheckResult result = check_kvcache(spec_);
@@ -153,6 +154,39 @@ TEST_P(KvCacheAppend, WritesExactlyTheNewRows) {
   EXPECT_TRUE(result.out.passed() && result.lse.passed()) << replay() << "\n" << result.format();
 }
 
+// The KV-cache racecheck runs take their references from the CPU
+// (--cpu-reference): they must be the device's, so a clean racecheck run checks
+// what the GPU run checks. The caches bitwise, the float32 output and LSE to
+// float32 rounding (the matmuls sum in another order), and the check passes.
+TEST_P(KvCacheCpuReference, MatchesTheDeviceReference) {
+  const KvCacheTensors inputs = make_kvcache_inputs(spec_, at::Device(at::kCUDA, 0));
+  const KvCacheParams params = kvcache_params(spec_, inputs);
+  const KvCacheTensors before = copy_caches(inputs);
+  KvCacheSpec on_cpu = spec_;
+  on_cpu.cpu_reference = true;
+  const KvCacheExpected device = reference_kvcache(spec_, before, params);
+  const KvCacheExpected host = reference_kvcache(on_cpu, before, params);
+  ASSERT_EQ(host.reference.output.out.device(), device.reference.output.out.device());
+  // Rows past a sequence's keys hold NaN (never read): equal as NaN on both sides.
+  const auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    return at::equal(at::isnan(a), at::isnan(b)) && at::equal(a.nan_to_num(0), b.nan_to_num(0));
+  };
+  EXPECT_TRUE(same(host.reference.k_cache, device.reference.k_cache));
+  EXPECT_TRUE(same(host.reference.v_cache, device.reference.v_cache));
+  EXPECT_TRUE(at::equal(host.reference.appended, device.reference.appended));
+  const auto max_difference = [](const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor finite = at::isfinite(b);
+    return at::where(finite, a - b, at::zeros_like(a)).abs().max().item<double>();
+  };
+  EXPECT_LE(max_difference(host.reference.output.out, device.reference.output.out), 1e-5);
+  EXPECT_LE(max_difference(host.reference.output.lse, device.reference.output.lse), 1e-5);
+  // Rows without keys: -inf on both.
+  EXPECT_TRUE(at::equal(at::isfinite(host.reference.output.lse), at::isfinite(device.reference.output.lse)));
+  const KvCacheCheckResult result = check_kvcache(on_cpu);
+  EXPECT_TRUE(result.passed()) << "replay: flashlab-run " << kvcache_run_arguments(on_cpu) << " --seed "
+                               << on_cpu.seed << "\n" << result.format();
+}
+
 const auto case_name = [](const auto& info) { return info.param.name; };
 
 INSTANTIATE_TEST_SUITE_P(KvCacheReference, KvCache, ::testing::ValuesIn(kvcache_reference_cases()), case_name);
@@ -160,6 +194,8 @@ INSTANTIATE_TEST_SUITE_P(KvCacheLayouts, KvCachePagedAndContiguous, ::testing::V
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheSplits, KvCacheSplits, ::testing::ValuesIn(kvcache_split_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheAppend, KvCacheAppend, ::testing::ValuesIn(kvcache_append_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(KvCacheCpuReference, KvCacheCpuReference, ::testing::ValuesIn(kvcache_sanitizer_cases()),
+                         case_name);
 
 // ---------------------------------------------------------------------------
 // The value checks (on the host, after the device check): a small problem,

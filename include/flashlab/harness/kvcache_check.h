@@ -86,6 +86,10 @@ struct KvCacheSpec {
   int window_left = -1, window_right = -1;
   uint64_t seed = 0;
   bool float64_reference = false;  // always on for float32 inputs
+  // Both references (float32 and the same-precision one) computed on the CPU:
+  // compute-sanitizer's racecheck fails cuBLAS's own fp16 GEMM (CUDA 13.0), so
+  // the racecheck runs of the KV-cache path leave the GPU to flashlab's kernels.
+  bool cpu_reference = false;
   // Rows cached before the append, one per sequence (0 allowed). Empty: no
   // cache_seqlens tensor, every cache full (then seqlen_new must be 0).
   std::vector<int> cache_seqlens;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -267,6 +268,14 @@ at::Tensor allocate_workspace(size_t bytes, void* stream) {
                                    at::TensorOptions().dtype(at::kByte).device(at::kCUDA, device));
   // Freed when the caller drops it: the caching allocator keeps it for the stream's later work.
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  // FLASHLAB_POISON_WORKSPACE=1 (the GPU tests set it): every byte 0xFF (NaN floats, -1 ints),
+  // so a kernel that reads workspace it never wrote fails its check instead of passing on
+  // whatever the allocator left there (often zeros).
+  static const bool poison = [] {
+    const char* value = std::getenv("FLASHLAB_POISON_WORKSPACE");
+    return value != nullptr && *value != '\0' && std::string(value) != "0";
+  }();
+  if (poison) FLASHLAB_CUDA_CHECK(cudaMemsetAsync(workspace.data_ptr(), 0xFF, bytes, cuda_stream));
   if (cuda_stream != c10::cuda::getCurrentCUDAStream(device).stream())
     c10::cuda::CUDACachingAllocator::recordStream(
         workspace.storage().data_ptr(), c10::cuda::getStreamFromExternal(cuda_stream, device));

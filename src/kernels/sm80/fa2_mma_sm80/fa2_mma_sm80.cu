@@ -252,7 +252,11 @@ fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
   workspace.dq_accum_offset = workspace.softmax_d_offset + workspace.softmax_d_bytes;
   workspace.dq_accum_bytes = round_up(static_cast<size_t>(workspace.dq_accum_slots) *
                                       workspace.dq_accum_slot_stride * sizeof(float));
-  workspace.total_bytes = workspace.dq_accum_offset + workspace.dq_accum_bytes;
+  workspace.slot_first_offset = workspace.dq_accum_offset + workspace.dq_accum_bytes;
+  if (params.deterministic && params.window_left < 0)
+    workspace.slot_first_bytes =
+        round_up(static_cast<size_t>(params.batch) * workspace.dq_accum_slots * sizeof(int));
+  workspace.total_bytes = workspace.slot_first_offset + workspace.slot_first_bytes;
   return workspace;
 }
 

@@ -235,6 +235,13 @@ struct BackwardWorkspace {
   size_t dq_accum_offset = 0, dq_accum_bytes = 0;
   int dq_accum_slots = 1;
   int64_t dq_accum_slot_stride = 0;  // elements between slots
+  // Deterministic mode without a left window bound (every key block's visible
+  // query rows run to the sequence's end): int32 (batch, slots), the first
+  // query block each slot touched (INT_MAX: none). The main kernel stores a
+  // slot's first contribution to a query block instead of adding it, so the
+  // accumulator is not zeroed (slots x dq's float32 size of writes saved); the
+  // convert kernel reads slot s of query block m only from that block on.
+  size_t slot_first_offset = 0, slot_first_bytes = 0;
   // Elements between heads and between rows; between sequences (varlen: the
   // padding added per sequence on top of its packed rows).
   int64_t dq_accum_batch_stride = 0, dq_accum_row_stride = 0, dq_accum_head_stride = 0;

@@ -32,6 +32,11 @@
 // gave slot 0 the most work), and adds its dQ to slot s only.
 // Each slot element then receives its additions from one thread in program
 // order, so every slot and their fixed-order sum are bitwise reproducible.
+// Without a left window bound the rows a key block's queries see run to the
+// sequence's end, so the query blocks a slot has touched are those from the
+// smallest first block of its rounds on: a slot's first contribution to a
+// query block is stored rather than added, the slots are not zeroed, and the
+// convert kernel skips the blocks a slot never touched (slot_first).
 // Default mode: one block per key block, all adding to slot 0 in whatever
 // order the atomics land. dK/dV are bitwise stable in both modes.
 //
@@ -167,6 +172,15 @@ __device__ __forceinline__ void add_dq_fragment(float* group, int lane, const fl
   for (int i = 0; i < 4; ++i) red_add_f32(group + dq_fragment_slot(lane, i), acc[i]);
 #endif
 }
+// Stores it instead (a deterministic slot's first contribution to the block).
+__device__ __forceinline__ void store_dq_fragment(float* group, int lane, const float (&acc)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  *reinterpret_cast<float4*>(group + dq_fragment_slot(lane, 0)) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+#else
+#pragma unroll
+  for (int i = 0; i < 4; ++i) group[dq_fragment_slot(lane, i)] = acc[i];
+#endif
+}
 
 // ---------------------------------------------------------------------------
 // 3. dq = scale * (sum of the dq_accum slots): one thread a (group, lane) of
@@ -174,7 +188,7 @@ __device__ __forceinline__ void add_dq_fragment(float* group, int lane, const fl
 template <class Tr, typename Element>
 __global__ void __launch_bounds__(kBwdAuxThreads)
     fa2_backward_convert_dq_kernel(const AttentionBackwardParams p, const int slots,
-                                   const int64_t slot_stride) {
+                                   const int64_t slot_stride, const int* slot_first) {
   constexpr int kLanesPerBlock = Tr::kBlockM * Tr::kHeadDim / 4;  // (group, lane) pairs of a query block
   static_assert(kLanesPerBlock % kBwdAuxThreads == 0, "thread blocks inside one query block");
   const int head = blockIdx.y;
@@ -198,6 +212,7 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
                        group * 128;
   float sum[4] = {0.f, 0.f, 0.f, 0.f};
   for (int slot = 0; slot < slots; ++slot) {  // fixed order: bitwise reproducible
+    if (slot_first != nullptr && m_block < slot_first[batch * slots + slot]) continue;  // never written
 #pragma unroll
     for (int i = 0; i < 4; ++i) sum[i] += accum[slot * slot_stride + dq_fragment_slot(lane, i)];
   }
@@ -213,9 +228,12 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
 // ---------------------------------------------------------------------------
 // 2. The main kernel. Grid (key blocks, or dq slots in deterministic mode;
 // kv_heads; batch), Tr::kThreads threads, Tr::kSmemBytes of dynamic shared memory.
-template <class Tr, typename Element>
+// kFirstTouch: deterministic mode with slot_first (a separate instantiation: the
+// store path in the default mode's kernel cost its head_dim 64 form 4%).
+template <class Tr, typename Element, bool kFirstTouch>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    fa2_backward_kernel(const AttentionBackwardParams p, const int64_t dq_accum_slot_stride) {
+    fa2_backward_kernel(const AttentionBackwardParams p, const int64_t dq_accum_slot_stride,
+                        int* const slot_first) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBM = Tr::kBlockM;
   constexpr int kBN = Tr::kBlockN;
@@ -291,6 +309,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // Default mode: gridDim.x = key blocks, one round. Deterministic: gridDim.x =
   // slots, one key block a round (backward_key_block).
+  // With slot_first: query blocks from covered_from on hold this slot's earlier
+  // contributions (the rounds' visible rows are suffixes: their union is one).
+  int covered_from = INT_MAX;
   for (int round = 0;; ++round) {
     const int n_block = backward_key_block(round, blockIdx.x, gridDim.x);
     if (n_block >= n_key_blocks) break;  // later rounds start further on
@@ -456,6 +477,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // kernel). Rows past seqlen_q add zeros (P = 0) to the block's padding.
       float* const dq_block = dq_accum_slot + head * p.dq_accum_head_stride +
                               static_cast<int64_t>(m0) * p.dq_accum_row_stride;
+      const bool first_touch = kFirstTouch && m0 / kBM < covered_from;
 #pragma unroll
       for (int chunk = 0; chunk < Tr::kDqChunks; ++chunk) {
         float acc_dq[kDqMT][kDqChunkNT][4];
@@ -468,16 +490,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         warp_gemm_smem<Element, false, true, kBN / 16, PLayout, KvLayout>(
             acc_dq, ds_smem + dq_a_lane,
             KvLayout::advance(k_smem + dq_b_lane, 0, chunk * Tr::kDqChunkCols / 8));
+        if (kFirstTouch && first_touch) {
 #pragma unroll
-        for (int mt = 0; mt < kDqMT; ++mt)
+          for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
-          for (int n = 0; n < kDqChunkNT; ++n)
-            add_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
-                            acc_dq[mt][n]);
+            for (int n = 0; n < kDqChunkNT; ++n)
+              store_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
+                                acc_dq[mt][n]);
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < kDqMT; ++mt)
+#pragma unroll
+            for (int n = 0; n < kDqChunkNT; ++n)
+              add_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
+                              acc_dq[mt][n]);
+        }
       }
       head = next_head;
       m0 = next_m0;
     }
+    if (kFirstTouch && steps > 0) covered_from = min(covered_from, m_begin);
 
     // Epilogue: dK * scale and dV in the input dtype, staged through the K and V
     // tiles, then 16-byte stores of the rows < seqlen_k. Blocks no query row
@@ -526,6 +558,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
   }
+  // Every kv head's blocks see the same query blocks: kv head 0 reports the slot's.
+  if (kFirstTouch && blockIdx.y == 0 && tid == 0) slot_first[batch * gridDim.x + blockIdx.x] = covered_from;
 }
 
 // ---------------------------------------------------------------------------
@@ -552,7 +586,12 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   // seqlen_q = 0: no dq rows, but dk = dv = 0 are still written by the main kernel.
   const bool has_rows = p.seqlen_q > 0;
 
-  if (workspace.dq_accum_bytes > 0)
+  // Deterministic mode without a left window: slots written on first touch (slot_first).
+  // (Without keys the main kernel does not run: then zeros, as in default mode.)
+  int* const slot_first = workspace.slot_first_bytes > 0 && p.seqlen_k > 0
+                              ? reinterpret_cast<int*>(base + workspace.slot_first_offset)
+                              : nullptr;
+  if (workspace.dq_accum_bytes > 0 && slot_first == nullptr)
     FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.dq_accum_bytes, stream));
 
   if (has_rows) {
@@ -563,15 +602,20 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (preprocess)", p);
   }
   if (p.seqlen_k > 0) {
-    auto kernel = fa2_backward_kernel<Tr, Element>;
-    constexpr int kSmem = Tr::kSmemBytes;
-    if constexpr (kSmem > 48 * 1024) {
-      FLASHLAB_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    }
-    const int key_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-    const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
-    kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p, workspace.dq_accum_slot_stride);
+    const auto launch_main = [&](auto kernel) {
+      constexpr int kSmem = Tr::kSmemBytes;
+      if constexpr (kSmem > 48 * 1024) {
+        FLASHLAB_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      }
+      const int key_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+      const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
+      kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p, workspace.dq_accum_slot_stride, slot_first);
+    };
+    if (slot_first != nullptr)
+      launch_main(fa2_backward_kernel<Tr, Element, true>);
+    else
+      launch_main(fa2_backward_kernel<Tr, Element, false>);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward", p);
   }
   if (has_rows) {
@@ -579,7 +623,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
                             Tr::kBlockM * Tr::kHeadDim / 4;
     const dim3 grid(static_cast<unsigned>(threads / kBwdAuxThreads), p.heads, p.batch);
     fa2_backward_convert_dq_kernel<Tr, Element><<<grid, kBwdAuxThreads, 0, stream>>>(
-        p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride);
+        p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride, slot_first);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (convert dq)", p);
   }
 }

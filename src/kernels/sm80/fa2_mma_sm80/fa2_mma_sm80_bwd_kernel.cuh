@@ -563,7 +563,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 }
 
 // ---------------------------------------------------------------------------
-// Host: carve the workspace on a copy of the block, zero the dq accumulator,
+// Host: carve the workspace on a copy of the block, zero the dq accumulator
+// (not in deterministic mode with slot_first: slots are written on first touch),
 // launch the three kernels on params.stream.
 template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {

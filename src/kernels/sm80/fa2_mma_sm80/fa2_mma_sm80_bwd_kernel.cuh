@@ -75,6 +75,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
@@ -163,22 +164,23 @@ __device__ __forceinline__ int dq_fragment_slot(int lane, int i) {
   return i * 32 + lane;  // value i of the 32 lanes together: coalesced scalar reductions
 #endif
 }
-// Adds one C fragment (acc[0..3]) of a lane to its group.
+// Adds one C fragment (acc[0..3]) of a lane to its group, or with kStore
+// stores it (a deterministic slot's first contribution to the block).
+template <bool kStore = false>
 __device__ __forceinline__ void add_dq_fragment(float* group, int lane, const float (&acc)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  red_add_f32x4(group + dq_fragment_slot(lane, 0), acc[0], acc[1], acc[2], acc[3]);
+  if constexpr (kStore)
+    *reinterpret_cast<float4*>(group + dq_fragment_slot(lane, 0)) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  else
+    red_add_f32x4(group + dq_fragment_slot(lane, 0), acc[0], acc[1], acc[2], acc[3]);
 #else
 #pragma unroll
-  for (int i = 0; i < 4; ++i) red_add_f32(group + dq_fragment_slot(lane, i), acc[i]);
-#endif
-}
-// Stores it instead (a deterministic slot's first contribution to the block).
-__device__ __forceinline__ void store_dq_fragment(float* group, int lane, const float (&acc)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  *reinterpret_cast<float4*>(group + dq_fragment_slot(lane, 0)) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-#else
-#pragma unroll
-  for (int i = 0; i < 4; ++i) group[dq_fragment_slot(lane, i)] = acc[i];
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kStore)
+      group[dq_fragment_slot(lane, i)] = acc[i];
+    else
+      red_add_f32(group + dq_fragment_slot(lane, i), acc[i]);
+  }
 #endif
 }
 
@@ -490,21 +492,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         warp_gemm_smem<Element, false, true, kBN / 16, PLayout, KvLayout>(
             acc_dq, ds_smem + dq_a_lane,
             KvLayout::advance(k_smem + dq_b_lane, 0, chunk * Tr::kDqChunkCols / 8));
-        if (kFirstTouch && first_touch) {
+        const auto add_chunk = [&](auto store) {  // store: std::bool_constant
 #pragma unroll
           for (int mt = 0; mt < kDqMT; ++mt)
 #pragma unroll
             for (int n = 0; n < kDqChunkNT; ++n)
-              store_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
-                                acc_dq[mt][n]);
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < kDqMT; ++mt)
-#pragma unroll
-            for (int n = 0; n < kDqChunkNT; ++n)
-              add_dq_fragment(dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane,
-                              acc_dq[mt][n]);
-        }
+              add_dq_fragment<decltype(store)::value>(
+                  dq_block + dq_fragment_group<Tr>(warp, chunk, mt, n) * 128, lane, acc_dq[mt][n]);
+        };
+        if (kFirstTouch && first_touch)
+          add_chunk(std::true_type{});
+        else
+          add_chunk(std::false_type{});
       }
       head = next_head;
       m0 = next_m0;

@@ -557,6 +557,20 @@ std::vector<KernelCase> backward_determinism_cases(int compute_capability, const
     add_if_backward_supported(cases, kernel, "bf16_b60_q513_k513_kv2_causal_runs10",
                               grouped_spec(60, 513, 513, at::kBFloat16, /*causal=*/true),
                               compute_capability, /*runs=*/10);
+    // fa2_mma_sm80 writes each slot's first contribution to a query block when
+    // every key block's rows run to the sequence's end (no left window) and
+    // zeroes the slots otherwise: a sliding window takes the zeroing path, a
+    // varlen batch the first-touch one with a sequence of no queries and one of
+    // no keys (its slots touch nothing: dq 0).
+    ProblemSpec window = grouped_spec(2, 257, 1023, at::kBFloat16);
+    window.window_left = 65, window.window_right = 17;
+    add_if_backward_supported(cases, kernel, "bf16_q257_k1023_kv2_w65_17_runs10", window,
+                              compute_capability, /*runs=*/10);
+    ProblemSpec varlen = grouped_spec(1, 257, 1023, at::kHalf, /*causal=*/true);
+    varlen.seqlens_q = {5, 0, 113, 257};
+    varlen.seqlens_k = {203, 7, 0, 1023};
+    add_if_backward_supported(cases, kernel, "fp16_varlen_kv2_causal_runs10", varlen,
+                              compute_capability, /*runs=*/10);
   }
   return cases;
 }

@@ -230,24 +230,4 @@ __device__ __forceinline__ void pdl_wait_for_prerequisite_grid() {
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Thread-block clusters (sm_90 and newer): every thread of every block of the
-// cluster arrives and waits; shared-memory writes before it are visible to the
-// cluster's blocks after it.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" :::
-                   "memory");
-}
-// The float at the same shared-memory offset as `local`, in block `rank` of the cluster.
-__device__ __forceinline__ float cluster_load_f32(const float* local, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-               : "=r"(remote)
-               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
-  float value;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(remote) : "memory");
-  return value;
-}
-#endif
-
 }  // namespace flashlab::sm80

@@ -324,14 +324,6 @@ inline constexpr int kWideTilingMaxKeys = 4096;
 // The most splits a launch takes, and the page-size rule of a paged cache.
 inline constexpr int kMaxKvSplits = 128;
 inline constexpr int kPageSizeMultiple = 16;  // a warp's 16-key chunk never crosses a page
-// Whether a launch's splits combine inside one thread-block cluster, through
-// distributed shared memory (sm_90 and newer, 2 to kMaxClusterSplits splits: the
-// portable cluster size), rather than through float32 partials in the
-// workspace and a combine kernel.
-inline constexpr int kMaxClusterSplits = 8;
-inline bool kvcache_cluster_combine(const KvCacheParams& params, int num_splits) {
-  return params.device_compute_capability >= 90 && num_splits > 1 && num_splits <= kMaxClusterSplits;
-}
 
 // Host side of the KV-cache path (fa2_mma_sm80_kvcache.cpp).
 std::string kvcache_unsupported_reason(const KvCacheParams& params);

@@ -123,7 +123,7 @@ int fa2_mma_sm80::kvcache_splits_used(const KvCacheParams& params) {
 
 size_t fa2_mma_sm80::kvcache_workspace_bytes(const KvCacheParams& params) {
   const int splits = kvcache_splits_used(params);
-  if (splits <= 1 || kvcache_cluster_combine(params, splits)) return 0;
+  if (splits <= 1) return 0;
   // Per split: a float32 output row and an LSE per (batch, head, query row).
   const size_t rows = static_cast<size_t>(params.batch) * params.heads * params.seqlen_q;
   return static_cast<size_t>(splits) * rows * (params.head_dim + 1) * sizeof(float);

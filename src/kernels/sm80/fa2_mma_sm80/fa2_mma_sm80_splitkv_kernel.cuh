@@ -113,8 +113,7 @@ __device__ __forceinline__ int64_t partial_row(const KvCacheParams& p, int split
 
 template <class Tr, typename Element>
 __global__ void __launch_bounds__(Tr::kThreads)
-    splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits,
-                   bool cluster_combine) {
+    splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kStride = Tr::kSmemStride;
   constexpr int kDSteps = kD / 16;  // k16 steps of Q K^T
@@ -362,88 +361,44 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const int r = tid / kThreadsPerRow;
   const int col0 = (tid % kThreadsPerRow) * kColumns;
   const int packed = row0 + r;
-  const bool row_valid = packed < packed_rows;
+  if (packed >= packed_rows) return;
+  float merged_max = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge[w * kWarpFloats + r]);
+  float weight[kWarps];
+  float merged_sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float m = merge[w * kWarpFloats + r];
+    // A warp that saw no key of this row (m = -inf) adds nothing.
+    weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
+    merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
+  }
+  const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
   const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
   float values[kColumns];
-  float lse = -INFINITY;
-  if (row_valid) {
-    float merged_max = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge[w * kWarpFloats + r]);
-    float weight[kWarps];
-    float merged_sum = 0.f;
+  for (int c = 0; c < kColumns; ++c) {
+    float value = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float m = merge[w * kWarpFloats + r];
-      // A warp that saw no key of this row (m = -inf) adds nothing.
-      weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
-      merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
-    }
-    const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
-    lse = result.lse;
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) {
-      float value = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        value += weight[w] * merge[w * kWarpFloats + 2 * Tr::kBlockRows + r * kD + col0 + c];
-      values[c] = value * result.inverse_sum;
-    }
+    for (int w = 0; w < kWarps; ++w)
+      value += weight[w] * merge[w * kWarpFloats + 2 * Tr::kBlockRows + r * kD + col0 + c];
+    values[c] = value * result.inverse_sum;
   }
-  if (num_splits == 1 || cluster_combine) {
-    if (num_splits > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      // The splits of this block's rows are the blocks of its cluster (rank =
-      // split): each leaves its partial (o[16][kD], lse[16]) in its own shared
-      // memory, and block s combines rows s, s + num_splits, ... from all of them.
-      __syncthreads();  // every thread is done reading `merge`
-      float* const partial_o = merge;
-      float* const partial_lse = merge + Tr::kBlockRows * kD;
-#pragma unroll
-      for (int c = 0; c < kColumns; ++c) partial_o[r * kD + col0 + c] = row_valid ? values[c] : 0.f;
-      if (col0 == 0) partial_lse[r] = lse;
-      cluster_sync();
-      const bool combines_row = row_valid && r % num_splits == split;
-      if (combines_row) {
-        float max_lse = -INFINITY;
-        for (int s = 0; s < num_splits; ++s) max_lse = fmaxf(max_lse, cluster_load_f32(partial_lse + r, s));
-        float sum = 0.f;
-        for (int s = 0; s < num_splits; ++s) {
-          const float split_lse = cluster_load_f32(partial_lse + r, s);
-          sum += split_lse == -INFINITY ? 0.f : expf(split_lse - max_lse);
-        }
-        // No split saw a key: out 0, lse -inf (the forward's fully masked row).
-        lse = sum > 0.f ? max_lse + logf(sum) : -INFINITY;
-#pragma unroll
-        for (int c = 0; c < kColumns; ++c) values[c] = 0.f;
-        for (int s = 0; s < num_splits; ++s) {
-          const float split_lse = cluster_load_f32(partial_lse + r, s);
-          if (split_lse == -INFINITY) continue;  // weighs 0 (its partial is zeros)
-          const float weight = expf(split_lse - lse);
-#pragma unroll
-          for (int c = 0; c < kColumns; ++c) values[c] += weight * cluster_load_f32(partial_o + r * kD + col0 + c, s);
-        }
-      }
-      cluster_sync();  // no block leaves while another still reads its shared memory
-      if (!combines_row) return;
-#else
-      __trap();  // the launch asks for clusters on sm_90 and newer only
-#endif
-    }
-    if (!row_valid) return;
+  if (num_splits == 1) {
     Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + query * p.out_row_stride +
                    head * p.out_head_stride + col0;
 #pragma unroll
     for (int c = 0; c < kColumns; c += 2)
       *reinterpret_cast<uint32_t*>(out + c) = pack2<Element>(values[c], values[c + 1]);
     if (p.lse != nullptr && col0 == 0)
-      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
-  } else if (row_valid) {
+      p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = result.lse;
+  } else {
     const int64_t row = partial_row(p, split, batch, head, query);
     float* out = o_partial + row * kD + col0;
 #pragma unroll
     for (int c = 0; c < kColumns; c += 2) *reinterpret_cast<float2*>(out + c) = make_float2(values[c], values[c + 1]);
-    if (col0 == 0) lse_partial[row] = lse;
+    if (col0 == 0) lse_partial[row] = result.lse;
   }
 }
 
@@ -538,28 +493,7 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
     const int packed_rows = params.seqlen_q * (params.heads / params.kv_heads);
     const dim3 grid(num_splits, (packed_rows + Tr::kBlockRows - 1) / Tr::kBlockRows,
                     params.batch * params.kv_heads);
-    if (kvcache_cluster_combine(params, num_splits)) {
-      // sm_90: the splits of a tile are one cluster and combine through
-      // distributed shared memory (no partials in global memory, no second kernel).
-      cudaLaunchConfig_t config = {};
-      config.gridDim = grid;
-      config.blockDim = dim3(Tr::kThreads);
-      config.dynamicSmemBytes = Tr::kSmemBytes;
-      config.stream = stream;
-      cudaLaunchAttribute attribute = {};
-      attribute.id = cudaLaunchAttributeClusterDimension;
-      attribute.val.clusterDim.x = static_cast<unsigned>(num_splits);
-      attribute.val.clusterDim.y = 1;
-      attribute.val.clusterDim.z = 1;
-      config.attrs = &attribute;
-      config.numAttrs = 1;
-      FLASHLAB_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const KvCacheParams&>(params),
-                                             static_cast<float*>(nullptr), static_cast<float*>(nullptr),
-                                             num_splits, true));
-      FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV, cluster combine)", params);
-      return;
-    }
-    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits, false);
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV)", params);
     if (num_splits > 1) {
       // A programmatic dependent launch on sm_90 (its launch overlaps the

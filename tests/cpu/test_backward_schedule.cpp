@@ -1,9 +1,12 @@
 // fa2_mma_sm80's backward walk over key blocks (backward_key_block): every key
 // block is taken by exactly one thread block, and in deterministic mode the
-// slots' causal work stays balanced (no GPU: the rule is plain arithmetic).
+// slots' causal work stays balanced; and the deterministic slot count of the
+// workspace query (no GPU: the rules are plain arithmetic, the slot count on
+// an H100's SM count when there is no device).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
@@ -63,6 +66,33 @@ TEST(BackwardKeyBlocks, CausalWorkIsBalancedAcrossSlots) {
       EXPECT_LT(spread, 2L * key_blocks) << slots << " slots, " << key_blocks << " key blocks";
       if (key_blocks % (2 * slots) == 0)
         EXPECT_EQ(spread, 0) << slots << " slots, " << key_blocks << " key blocks";
+    }
+}
+
+// Deterministic slots (dq accumulators = thread blocks per (kv head, batch)):
+// one where there is one key block, else at least two (two beat one at equal
+// waves), never more than the key blocks, and only in deterministic mode.
+TEST(BackwardSlots, AtLeastTwoWhereThereAreTwoKeyBlocks) {
+  for (const int seqlen : {1, 7, 113, 128, 129, 1023, 1024, 4097, 16384})
+    for (const int batch : {1, 4, 16, 60}) {
+      AttentionBackwardParams params;
+      params.batch = batch;
+      params.heads = params.kv_heads = 32;
+      params.seqlen_q = params.seqlen_k = seqlen;
+      params.head_dim = 64;
+      params.deterministic = true;
+      constexpr int kBlockM = 128, kBlockN = 128;
+      const int key_blocks = (seqlen + kBlockN - 1) / kBlockN;
+      const int slots = fa2_mma_sm80::backward_workspace(params, kBlockM, kBlockN).dq_accum_slots;
+      const std::string problem = "batch " + std::to_string(batch) + ", seqlen " + std::to_string(seqlen);
+      if (key_blocks == 1) {
+        EXPECT_EQ(slots, 1) << problem;
+      } else {
+        EXPECT_GE(slots, 2) << problem;
+        EXPECT_LE(slots, key_blocks) << problem;
+      }
+      params.deterministic = false;
+      EXPECT_EQ(fa2_mma_sm80::backward_workspace(params, kBlockM, kBlockN).dq_accum_slots, 1) << problem;
     }
 }
 

@@ -256,7 +256,8 @@ def dq_fragment_group(tr, w, chunk, mt, n):
     return ((w * tr.DqChunks + chunk) * tr.DqMT + mt) * tr.DqChunkNT + n
 
 def convert_dq(tr, dq_accum, sq, scale):
-    # The convert kernel: one (group, lane) a thread, back to rows and columns.
+    # The convert kernel's index math: each (group, lane) of a query block back to its rows and
+    # columns (the kernel takes a query block a thread block, through a shared row-major tile).
     dq = np.zeros((sq, tr.D))
     lanes_per_block = tr.BM * tr.D // 4
     for index in range(dq_accum.size // 4):

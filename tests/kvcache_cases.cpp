@@ -98,6 +98,12 @@ std::vector<KvCacheCase> kvcache_reference_cases(int compute_capability, const K
     for (int i = 0; i < 20; ++i) many.cache_seqlens.push_back(lengths[i % lengths.size()]);
     many.batch = 20;
     add_if_supported(cases, kernel, "bf16_d128_q1_h32_8_batch20_contiguous_new1", many, compute_capability);
+    // 8 sequences x 8 kv heads: half the multiprocessors of an H100 hold enough
+    // in flight for one split, so fa2_mma_sm80 takes its deep tiling.
+    KvCacheSpec half = many;
+    half.cache_seqlens.resize(8);
+    half.batch = 8;
+    add_if_supported(cases, kernel, "bf16_d128_q1_h32_8_batch8_contiguous_new1", half, compute_capability);
   }
   return cases;
 }
@@ -187,6 +193,14 @@ std::vector<KvCacheCase> kvcache_sanitizer_cases(int compute_capability, const K
     contiguous.capacity = 256;
     contiguous.num_splits = 2;
     add_if_supported(cases, kernel, "fp16_d128_q1_h8_2_contiguous_new1_splits2", contiguous, compute_capability);
+    // 8 sequences x 8 kv heads on a short cache: fa2_mma_sm80's deep tiling
+    // (chosen from the shape; the heuristic would take one split), 2 splits.
+    KvCacheSpec deep = spec_of({"", at::kBFloat16, 128, 1, 32, 8, false, 0, 1, false});
+    deep.cache_seqlens = {255, 0, 7, 113, 200, 1, 64, 130};
+    deep.batch = 8;
+    deep.capacity = 256;
+    deep.num_splits = 2;
+    add_if_supported(cases, kernel, "bf16_d128_q1_h32_8_contiguous_new1_batch8_splits2", deep, compute_capability);
   }
   return cases;
 }

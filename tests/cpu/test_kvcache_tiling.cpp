@@ -1,8 +1,13 @@
-// fa2_mma_sm80's choice of split-KV tiling (kvcache_tiling): the wide tiling
-// (two resident blocks per multiprocessor) only where one split already gives
-// every multiprocessor a block and the cache is short; the split heuristic and
-// the reported tile shape follow the tiling (no GPU: host arithmetic).
+// fa2_mma_sm80's choice of split-KV tiling and split count (kvcache_tiling,
+// kvcache_num_splits) in its three regimes: blocks that fill the GPU (wide
+// on a short cache, narrow on a long one, no split), blocks that hold enough
+// in flight on part of it (deep, one split, up to a size), and few blocks
+// (wide, split to about one block per multiprocessor). No GPU: host
+// arithmetic over the current device's multiprocessor count (132 without one).
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
 
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
 
@@ -11,34 +16,79 @@ namespace {
 
 using fa2_mma_sm80::KvTiling;
 
-KvCacheParams decode_step(int batch, int seqlen_k) {
+// One query row per sequence, 32 query heads over 8 kv heads: one packed-row
+// tile, so batch x 8 blocks before any split.
+KvCacheParams decode_step(int batch, int seqlen_k, int head_dim = 128) {
   KvCacheParams params;
   params.batch = batch, params.heads = 32, params.kv_heads = 8;
-  params.seqlen_q = 1, params.seqlen_k = seqlen_k, params.head_dim = 128;
+  params.seqlen_q = 1, params.seqlen_k = seqlen_k, params.head_dim = head_dim;
+  params.dtype = DataType::bfloat16;
   return params;
 }
 
-TEST(KvCacheTiling, WideWhereOneSplitFillsTheGpuOnAShortCache) {
-  const int sms = fa2_mma_sm80::multiprocessor_count();
-  const int filling_batch = (sms + 7) / 8;  // 8 kv heads, one packed-row tile each
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(filling_batch, 1024)), KvTiling::kWide);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(filling_batch, fa2_mma_sm80::kWideTilingMaxKeys)),
-            KvTiling::kWide);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(filling_batch, fa2_mma_sm80::kWideTilingMaxKeys + 1)),
+int sms() { return fa2_mma_sm80::multiprocessor_count(); }
+int filling_batch() { return (sms() + 7) / 8; }  // the smallest batch with a block per multiprocessor
+
+TEST(KvCacheTiling, BlocksThatFillTheGpuTakeWideOnAShortCacheNarrowOnALongOne) {
+  const int batch = filling_batch();
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(batch, 1024)), KvTiling::kWide);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(batch, fa2_mma_sm80::kWideTilingMaxKeys)), KvTiling::kWide);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(batch, fa2_mma_sm80::kWideTilingMaxKeys + 1)),
             KvTiling::kNarrow);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(filling_batch - 1, 1024)), KvTiling::kNarrow);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(1, 1024)), KvTiling::kNarrow);
+  // Wide: 4 warps of 16-key chunks; narrow: 8.
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tile_shape(decode_step(batch, 1024)).block_k, 64);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tile_shape(decode_step(batch, 8192)).block_k, 128);
+  // Whole waves need no split with either tiling.
+  EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(4 * batch, 1024)), 1);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(4 * batch, 8192)), 1);
 }
 
-TEST(KvCacheTiling, TileShapeAndSplitsFollowTheTiling) {
-  const int filling_batch = (fa2_mma_sm80::multiprocessor_count() + 7) / 8;
-  // Wide: 4 warps of 16-key chunks; narrow: 8.
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tile_shape(decode_step(filling_batch, 1024)).block_k, 64);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tile_shape(decode_step(filling_batch, 8192)).block_k, 128);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_tile_shape(decode_step(1, 1024)).block_k, 128);
-  // A full wave of blocks needs no split with either tiling.
-  EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(4 * filling_batch, 1024)), 1);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(4 * filling_batch, 8192)), 1);
+TEST(KvCacheTiling, HalfTheGpuWithDeepRingsReadsAModestCacheInOneSplit) {
+  // 64 blocks x 128 KB in flight (8 warps x 2 chunk pairs of 8 KB) at head_dim 128.
+  constexpr int kDeepBytes = fa2_mma_sm80::DeepSplitKvTraits<128>::type::kSmemBytes;
+  if (sms() <= 64 || kDeepBytes + 1024 > fa2_mma_sm80::shared_memory_per_multiprocessor())
+    GTEST_SKIP() << "needs more than 64 multiprocessors with " << kDeepBytes + 1024
+                 << " bytes of shared memory each; this device has " << sms() << " with "
+                 << fa2_mma_sm80::shared_memory_per_multiprocessor();
+  for (const int keys : {1024, 4096, 8192}) {
+    SCOPED_TRACE("keys " + std::to_string(keys));
+    EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(8, keys)), KvTiling::kDeep);
+    EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(8, keys)), 1);
+    EXPECT_EQ(fa2_mma_sm80::kvcache_tile_shape(decode_step(8, keys)).block_k, 128);
+  }
+  // 1 GB of K/V: the other half of the GPU gains more than the combine costs.
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(8, 32768)), KvTiling::kWide);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(8, 32768)), 2);
+  // Half the blocks hold too little in flight.
+  EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(4, 1024)), KvTiling::kWide);
+}
+
+TEST(KvCacheTiling, FewBlocksSplitToAboutOneBlockPerMultiprocessor) {
+  for (const int keys : {1024, 4096, 8192, 32768, 131072, 4097, 1023}) {
+    SCOPED_TRACE("keys " + std::to_string(keys));
+    const KvCacheParams step = decode_step(1, keys);
+    EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(step), KvTiling::kWide);
+    const int splits = fa2_mma_sm80::kvcache_num_splits(step);
+    EXPECT_LE(8 * splits, sms()) << "at most one block per multiprocessor";
+    EXPECT_GE(keys / splits, 128) << "at least 128 keys (two chunks a warp) per split";
+    // As many as the two rules allow, within the 5% of wave efficiency.
+    const int most = std::min(sms() / 8, keys / 128);
+    EXPECT_GE(8 * splits * 100, 8 * most * 95);
+  }
+}
+
+TEST(KvCacheTiling, EveryHeadDimKeepsItsRulesAndTakesAFittingTiling) {
+  for (const int head_dim : {32, 64, 96, 128, 256})
+    for (const int batch : {1, 8, 20})
+      for (const int keys : {1024, 32768}) {
+        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " batch " + std::to_string(batch) + " keys " +
+                     std::to_string(keys));
+        const KvCacheParams step = decode_step(batch, keys, head_dim);
+        const int splits = fa2_mma_sm80::kvcache_num_splits(step);
+        EXPECT_GE(splits, 1);
+        EXPECT_LE(splits, fa2_mma_sm80::kvcache_max_splits(step));
+        if (fa2_mma_sm80::kvcache_tiling(step) == KvTiling::kDeep) EXPECT_EQ(splits, 1);
+      }
 }
 
 }  // namespace

@@ -296,19 +296,23 @@ struct SplitKvTraits {
                 "K/V chunks start on 128-byte boundaries (SwizzledRows::advance XORs address bits 4-6)");
 };
 
-// Split-KV tilings, chosen per launch (kvcache_tiling):
-// - narrow: 8 warps with 2 stages each up to head_dim 128 (H100: 1 block per SM
-//   at 128), 4 warps with 3 stages at 256; the most warps on one block's keys.
-//   Same-run A/B on the H100 (d128, bf16, 32/8 heads): against 4 warps x 3
-//   stages, batch 1 went from 32.2 / 65.2 / 204 us to 27.4 / 60.6 / 196 us at
-//   8k / 32k / 128k keys (session 4).
-// - wide: 4 warps with 3 stages (2 blocks per SM at 128): where one split
-//   already gives every SM a block and each block's keys are few, a second
-//   resident block streams while the other is in its prologue or epilogue
-//   (H100, batch 32 x 1k keys, 32/8 heads: 50.9 against 54.2 us; 4k: 180.8
-//   against 182.4; 8k and longer 0.3-0.5% slower, batch 1 and 8 slower:
-//   session 10, optimization log decode step 10).
-// Q fragments in registers up to head_dim 128.
+// Split-KV tilings, chosen per launch (kvcache_tiling; measurements: H100,
+// d128, bf16, 32/8 heads, one query row, session 13 unless said):
+// - narrow: 8 warps x 2 stages (1 block per SM at head_dim 128): the most
+//   warps on one block's keys, one chunk in flight a warp. Where one split
+//   fills the GPU and the cache is long (batch 32 from 8k keys).
+// - wide: 4 warps x 3 stages (2 blocks per SM at 128), two chunks in flight
+//   a warp and half the warps to merge. Where one split fills the GPU and the
+//   cache is short (a second resident block streams while the other is in its
+//   prologue or epilogue; batch 32 x 1k: 49.8 against 53.7 us narrow), and
+//   where the keys are split, one block per SM (batch 1, 16 splits: 15.2 /
+//   20.7 / 52.6 us at 4k / 8k / 32k keys against 15.7 / 21.2 / 53.4 narrow).
+// - deep: 8 warps x 3 stages (1 block per SM, 196 KB at 128): two chunks in
+//   flight a warp, for one split on part of the GPU (batch 8 x 1k / 4k / 8k,
+//   64 blocks: 17.9 / 50.3 / 94.4 us against 21.3 / 52.9 / 96.3 for two
+//   narrow splits and the combine).
+// At head_dim 256 all three are 4 warps x 3 stages. Q fragments in registers
+// up to head_dim 128.
 template <int HeadDim>
 struct NarrowSplitKvTraits {
   using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), (HeadDim <= 128 ? 2 : 3), (HeadDim <= 128)>;
@@ -317,8 +321,13 @@ template <int HeadDim>
 struct WideSplitKvTraits {
   using type = SplitKvTraits<HeadDim, 4, 3, (HeadDim <= 128)>;
 };
-enum class KvTiling { kNarrow, kWide };
-// The longest cache (capacity, keys) the wide tiling takes.
+template <int HeadDim>
+struct DeepSplitKvTraits {
+  using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), 3, (HeadDim <= 128)>;
+};
+enum class KvTiling { kNarrow, kWide, kDeep };
+// The longest cache (capacity, keys) the wide tiling takes when one split
+// fills the GPU.
 inline constexpr int kWideTilingMaxKeys = 4096;
 
 // The most splits a launch takes, and the page-size rule of a paged cache.
@@ -333,9 +342,7 @@ size_t kvcache_workspace_bytes(const KvCacheParams& params);
 // The splits a launch uses: params.num_splits, or the heuristic for 0.
 int kvcache_splits_used(const KvCacheParams& params);
 TileShape kvcache_tile_shape(const KvCacheParams& params);
-// The tiling a launch uses: wide when batch x kv_heads x packed-row tiles
-// gives every multiprocessor a block and the cache holds at most
-// kWideTilingMaxKeys keys, else narrow.
+// The tiling a launch uses (the rule: fa2_mma_sm80_kvcache.cpp).
 KvTiling kvcache_tiling(const KvCacheParams& params);
 // The registry's launch hook: launch_kvcache_tiled for params.head_dim.
 void kvcache_launch(const KvCacheParams& params);
@@ -345,7 +352,7 @@ void kvcache_launch(const KvCacheParams& params);
 // fa2_mma_sm80_splitkv_kernel.cuh.
 template <class Tr>
 void launch_kvcache(const KvCacheParams& params, int num_splits);
-// launch_kvcache with the narrow or wide tiling of HeadDim; instantiated in the
+// launch_kvcache with the given tiling of HeadDim; instantiated in the
 // generated fa2_mma_sm80_splitkv_hdim<D>.cu.
 template <int HeadDim>
 void launch_kvcache_tiled(const KvCacheParams& params, int num_splits, KvTiling tiling);

@@ -2,20 +2,27 @@
 // heuristic, the workspace of the split partials and the dispatch on head_dim
 // (the kernels are fa2_mma_sm80_splitkv_kernel.cuh).
 //
-// Split heuristic (num_splits 0). The work is blocks of (16 packed rows, kv
-// head, batch); a decode step has few of them (batch x kv_heads), each
-// streaming all of its sequence's keys. The kernel is bound by reading the
-// cache, so the aim is to fill every SM with as many resident blocks as its
-// shared memory holds (slots = SMs x blocks per SM) in whole waves:
-//   - enough blocks already (>= 80% of the slots): 1 split;
-//   - else the smallest split count s (1 .. min(kMaxKvSplits, keys / 256))
-//     whose wave efficiency (blocks x s) / (waves x slots) is within 5% of the
-//     best: in practice one full wave. More waves of shorter blocks lose to
-//     one wave (H100, batch 8 x 32k keys, 32/8 heads: 33 splits in 8 waves read
-//     2679 GB/s where cuDNN's one wave of 4 splits reads 3000), and every split
-//     adds a partial output to write and combine. Keys per split stay >= 256
-//     (four 16-key chunks per warp) so a split's pipeline has something to
-//     overlap.
+// Tiling and split heuristic (num_splits 0). The work is blocks of (16
+// packed rows, kv head, batch); a decode step has few of them (batch x
+// kv_heads), each streaming all of its sequence's keys, and the kernel is
+// bound by reading the cache: what counts is the bytes in flight and, for a
+// short cache, the latency of each warp's chain of chunks and of the combine
+// kernel a split adds (about 3 us on the H100: batch 8 x 1k keys, 64 blocks,
+// one split 17.9 us, two 21.1). Three regimes (tilings: fa2_mma_sm80.h):
+//   - the blocks fill the GPU (>= one per SM): wide on a short cache, narrow
+//     on a long one; more splits only to round up the last wave (the
+//     smallest count within 5% of the best wave efficiency over the slots,
+//     slots = SMs x the blocks an SM holds);
+//   - the blocks hold kBytesInFlightToStream in their deep rings (two chunks a
+//     warp) and the K/V bytes are at most kMostBytesWithoutSplit: deep, one
+//     split, no combine; part of the GPU reads at about the full rate, and on
+//     a larger cache the second half of the SMs gains more than the combine
+//     costs (batch 8 x 32k: one split 357 us, two 352);
+//   - else wide, split so there is about one block per SM (the efficiency
+//     rule over SMs): batch 1 x 4k-32k with 16 splits read 0.92-0.97x the
+//     time of 32 (two per SM), which add partials and combine work. Keys per
+//     split stay >= kMinKeysPerSplit (two chunks a warp of the wide tiling:
+//     batch 1 x 1k 10.9 us with 8 splits, 11.3 with 16).
 // The keys are the cache's capacity (seqlen_k), not the current lengths: the
 // lengths live on the device and a launch must not wait for them.
 #include <algorithm>
@@ -31,21 +38,30 @@ namespace {
 using fa2_mma_sm80::HeadDims;
 using fa2_mma_sm80::KvTiling;
 
-constexpr int kMinKeysPerSplit = 256;
+constexpr int kMinKeysPerSplit = 128;
+// Little's law on the H100: about 3 TB/s times 2.7 us of loaded latency.
+constexpr int64_t kBytesInFlightToStream = int64_t(8) << 20;
+constexpr int64_t kMostBytesWithoutSplit = int64_t(300) << 20;
 
 int packed_row_tiles(const KvCacheParams& params) {
   const int64_t packed_rows = static_cast<int64_t>(params.seqlen_q) * (params.heads / params.kv_heads);
   return static_cast<int>((packed_rows + 15) / 16);
 }
 
+int64_t row_tile_blocks(const KvCacheParams& params) {
+  return static_cast<int64_t>(params.batch) * params.kv_heads * packed_row_tiles(params);
+}
+
 // The split kernel's configuration for head_dim and tiling, as Tr for f.
 template <class F>
 void with_traits(int head_dim, KvTiling tiling, F&& f) {
   FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim, [&] {
-    if (tiling == KvTiling::kWide)
-      f(typename fa2_mma_sm80::WideSplitKvTraits<kHeadDim>::type{});
-    else
-      f(typename fa2_mma_sm80::NarrowSplitKvTraits<kHeadDim>::type{});
+    switch (tiling) {
+      case KvTiling::kWide: return f(typename fa2_mma_sm80::WideSplitKvTraits<kHeadDim>::type{});
+      case KvTiling::kDeep: return f(typename fa2_mma_sm80::DeepSplitKvTraits<kHeadDim>::type{});
+      case KvTiling::kNarrow: break;
+    }
+    f(typename fa2_mma_sm80::NarrowSplitKvTraits<kHeadDim>::type{});
   });
 }
 
@@ -53,6 +69,21 @@ int smem_bytes(int head_dim, KvTiling tiling) {
   int bytes = 0;
   with_traits(head_dim, tiling, [&](auto traits) { bytes = decltype(traits)::kSmemBytes; });
   return bytes;
+}
+
+// K and V bytes a block of the tiling has in flight: Stages - 1 chunk pairs a warp.
+int64_t bytes_in_flight_per_block(int head_dim, KvTiling tiling) {
+  int64_t bytes = 0;
+  with_traits(head_dim, tiling, [&](auto traits) {
+    using Tr = decltype(traits);
+    bytes = int64_t(Tr::kWarps) * (Tr::kStages - 1) * 2 * Tr::kChunkBytes;
+  });
+  return bytes;
+}
+
+int64_t cache_bytes_read(const KvCacheParams& params) {
+  const int64_t element_bytes = params.dtype == DataType::float32 ? 4 : 2;
+  return 2 * static_cast<int64_t>(params.batch) * params.seqlen_k * params.kv_heads * params.head_dim * element_bytes;
 }
 
 }  // namespace
@@ -97,11 +128,14 @@ std::string fa2_mma_sm80::kvcache_unsupported_reason(const KvCacheParams& params
 int fa2_mma_sm80::kvcache_max_splits(const KvCacheParams&) { return kMaxKvSplits; }
 
 int fa2_mma_sm80::kvcache_num_splits(const KvCacheParams& params) {
-  const int64_t blocks = static_cast<int64_t>(params.batch) * params.kv_heads * packed_row_tiles(params);
-  const int bytes = smem_bytes(params.head_dim, kvcache_tiling(params));
-  if (blocks <= 0 || bytes <= 0) return 1;
-  const int per_sm = std::max(1, shared_memory_per_multiprocessor() / (bytes + 1024));
-  const int64_t slots = static_cast<int64_t>(multiprocessor_count()) * std::min(per_sm, 16);
+  const int64_t blocks = row_tile_blocks(params);
+  const KvTiling tiling = kvcache_tiling(params);
+  const int bytes = smem_bytes(params.head_dim, tiling);
+  if (blocks <= 0 || bytes <= 0 || tiling == KvTiling::kDeep) return 1;
+  const int sms = multiprocessor_count();
+  const int per_sm =
+      blocks >= sms ? std::clamp(shared_memory_per_multiprocessor() / (bytes + 1024), 1, 16) : 1;
+  const int64_t slots = static_cast<int64_t>(sms) * per_sm;
   if (blocks * 5 >= slots * 4) return 1;
   const int most = static_cast<int>(
       std::min<int64_t>(kMaxKvSplits, std::max<int64_t>(1, params.seqlen_k / kMinKeysPerSplit)));
@@ -139,9 +173,15 @@ TileShape fa2_mma_sm80::kvcache_tile_shape(const KvCacheParams& params) {
 }
 
 KvTiling fa2_mma_sm80::kvcache_tiling(const KvCacheParams& params) {
-  const int64_t blocks = static_cast<int64_t>(params.batch) * params.kv_heads * packed_row_tiles(params);
-  return blocks >= multiprocessor_count() && params.seqlen_k <= kWideTilingMaxKeys ? KvTiling::kWide
-                                                                                  : KvTiling::kNarrow;
+  const int64_t blocks = row_tile_blocks(params);
+  if (blocks >= multiprocessor_count())
+    return params.seqlen_k <= kWideTilingMaxKeys ? KvTiling::kWide : KvTiling::kNarrow;
+  // (An A100 holds 164 KB a multiprocessor: no deep ring at head_dim 128.)
+  const bool deep_fits = smem_bytes(params.head_dim, KvTiling::kDeep) + 1024 <= shared_memory_per_multiprocessor();
+  if (deep_fits && blocks * bytes_in_flight_per_block(params.head_dim, KvTiling::kDeep) >= kBytesInFlightToStream &&
+      cache_bytes_read(params) <= kMostBytesWithoutSplit)
+    return KvTiling::kDeep;
+  return KvTiling::kWide;
 }
 
 void fa2_mma_sm80::kvcache_launch(const KvCacheParams& params) {

@@ -29,8 +29,9 @@
 // rule and the PTX wrappers come from src/kernels/common/.
 //
 // Tiling: SplitKvTraits<HeadDim, Warps, Stages, QInRegs> (fa2_mma_sm80.h),
-// Narrow/WideSplitKvTraits, chosen per launch: 8 warps x 2 ring stages up to
-// head_dim 128, or 4 x 3 (and at 256); 16 packed rows a block, 16-key chunks. K/V chunks sit in swizzled rows
+// Narrow/Wide/DeepSplitKvTraits, chosen per launch: 8 warps x 2 ring stages,
+// 4 x 3 or 8 x 3 up to head_dim 128 (4 x 3 at 256); 16 packed rows a block,
+// 16-key chunks. K/V chunks sit in swizzled rows
 // at head dims 64/128/256 (whole 128-byte segments a cp.async), padded at 32/96.
 // The split count comes from the host heuristic (fa2_mma_sm80_kvcache.cpp).
 //
@@ -46,7 +47,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
@@ -551,12 +551,12 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
 
 template <int HeadDim>
 void launch_kvcache_tiled(const KvCacheParams& params, int num_splits, KvTiling tiling) {
-  using Narrow = typename NarrowSplitKvTraits<HeadDim>::type;
-  using Wide = typename WideSplitKvTraits<HeadDim>::type;
-  if (tiling == KvTiling::kWide && !std::is_same_v<Narrow, Wide>)
-    launch_kvcache<Wide>(params, num_splits);
-  else
-    launch_kvcache<Narrow>(params, num_splits);
+  switch (tiling) {
+    case KvTiling::kWide: return launch_kvcache<typename WideSplitKvTraits<HeadDim>::type>(params, num_splits);
+    case KvTiling::kDeep: return launch_kvcache<typename DeepSplitKvTraits<HeadDim>::type>(params, num_splits);
+    case KvTiling::kNarrow: break;
+  }
+  launch_kvcache<typename NarrowSplitKvTraits<HeadDim>::type>(params, num_splits);
 }
 
 }  // namespace flashlab::fa2_mma_sm80

@@ -45,6 +45,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -55,6 +56,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "flashlab/attention.h"
@@ -388,10 +390,21 @@ struct CurrentInputs {
   at::Tensor dout;  // the upstream gradient of the backward directions
 } current;
 
+// Returns the previous case's tensors to the driver (emptyCache) and waits:
+// for a while after a large free, whatever runs first reads DRAM slower (H100,
+// decode batch 32 x 1k right after the 8.6 GB of the batch 8 x 128k case: 59.3
+// us without this wait, 51.0 us with it; torch's backends, timed later, were
+// not slowed). The likely cause, not measured directly: the driver clearing
+// the freed memory.
+void settle_after_free() {
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+}
+
 const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec& spec, Direction direction) {
   if (current.case_name != case_name) {
     current = {};
-    c10::cuda::CUDACachingAllocator::emptyCache();
+    settle_after_free();
     current.inputs = flashlab::make_inputs(spec, at::Device(at::kCUDA, 0));
     if (direction != Direction::forward) current.dout = flashlab::make_dout(spec, current.inputs);
     current.case_name = case_name;
@@ -648,7 +661,8 @@ void print_summary(const BenchConfig& config) {
 // the L2 size: K/V then come from DRAM, as in a real decode step where the
 // other layers ran in between, and the host's launch overhead overlaps that
 // read instead of the timed window (times are device times, as in a decoder
-// that replays a CUDA graph).
+// that replays a CUDA graph). A new case starts 250 ms after the previous
+// case's memory was freed (settle_after_free).
 //
 // GB/s: the bytes of K and V read, 2 x batch x cache_len x kv_heads x head_dim
 // x element size (q and out are negligible), over the median time; 1 GB = 1e9
@@ -732,7 +746,7 @@ struct DecodeInputs {
 DecodeInputs& decode_inputs_for(const DecodeCase& c) {
   if (decode_current.case_name == c.name()) return decode_current;
   decode_current = {};
-  c10::cuda::CUDACachingAllocator::emptyCache();
+  settle_after_free();
   DecodeInputs& in = decode_current;
   at::manual_seed(1234);
   const auto options = at::TensorOptions().dtype(c.dtype).device(at::kCUDA, 0);

@@ -31,9 +31,9 @@
 // Tiling: SplitKvTraits<HeadDim, Warps, Stages, QInRegs> (fa2_mma_sm80.h),
 // Narrow/Wide/DeepSplitKvTraits, chosen per launch: 8 warps x 2 ring stages,
 // 4 x 3 or 8 x 3 up to head_dim 128 (4 x 3 at 256); 16 packed rows a block,
-// 16-key chunks. K/V chunks sit in swizzled rows
-// at head dims 64/128/256 (whole 128-byte segments a cp.async), padded at 32/96.
-// The split count comes from the host heuristic (fa2_mma_sm80_kvcache.cpp).
+// 16-key chunks. K/V chunks sit in swizzled rows at head dims 64/128/256
+// (whole 128-byte segments a cp.async), padded at 32/96. The tiling and the
+// split count come from the host heuristic (fa2_mma_sm80_kvcache.cpp).
 //
 // Limits: fp16 / bf16, head_dim in HeadDims; paged caches with page_size a
 // multiple of 16; 16-byte aligned pointers and strides that are multiples of 8

@@ -77,7 +77,7 @@ TEST(KvCacheTiling, FewBlocksSplitToAboutOneBlockPerMultiprocessor) {
   }
 }
 
-TEST(KvCacheTiling, EveryHeadDimKeepsItsRulesAndTakesAFittingTiling) {
+TEST(KvCacheTiling, EveryHeadDimGetsASplitCountInRangeAndOneSplitWhenDeep) {
   for (const int head_dim : {32, 64, 96, 128, 256})
     for (const int batch : {1, 8, 20})
       for (const int keys : {1024, 32768}) {

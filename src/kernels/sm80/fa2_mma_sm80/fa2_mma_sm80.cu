@@ -123,14 +123,17 @@ int deterministic_slots(int64_t kv_blocks, int64_t key_blocks, int multiprocesso
            (static_cast<double>(key_blocks) / (slots * longest));
   };
   constexpr int64_t kFewest = 2;
-  const int64_t most = std::max(kFewest, std::min(key_blocks, 4 * static_cast<int64_t>(multiprocessors) / kv_blocks));
+  const int64_t about_four_waves = 4 * static_cast<int64_t>(multiprocessors) / kv_blocks;
+  const int64_t most = std::max(kFewest, std::min(key_blocks, about_four_waves));
   int64_t best = kFewest;
   double best_efficiency = efficiency(kFewest);
-  for (int64_t slots = kFewest + 1; slots <= most; ++slots)
-    if (efficiency(slots) > best_efficiency + 0.02) {
+  for (int64_t slots = kFewest + 1; slots <= most; ++slots) {
+    const double slots_efficiency = efficiency(slots);
+    if (slots_efficiency > best_efficiency + 0.02) {
       best = slots;
-      best_efficiency = efficiency(slots);
+      best_efficiency = slots_efficiency;
     }
+  }
   return static_cast<int>(best);
 }
 

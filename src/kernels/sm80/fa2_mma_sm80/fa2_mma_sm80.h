@@ -326,6 +326,17 @@ struct DeepSplitKvTraits {
   using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), 3, (HeadDim <= 128)>;
 };
 enum class KvTiling { kNarrow, kWide, kDeep };
+// Calls f with a value of the traits type of `tiling` at HeadDim: the one
+// dispatch on the tiling (the launch and the host heuristic both use it).
+template <int HeadDim, class F>
+void with_split_kv_traits(KvTiling tiling, F&& f) {
+  switch (tiling) {
+    case KvTiling::kWide: return f(typename WideSplitKvTraits<HeadDim>::type{});
+    case KvTiling::kDeep: return f(typename DeepSplitKvTraits<HeadDim>::type{});
+    case KvTiling::kNarrow: break;
+  }
+  f(typename NarrowSplitKvTraits<HeadDim>::type{});
+}
 // The longest cache (capacity, keys) the wide tiling takes when one split
 // fills the GPU.
 inline constexpr int kWideTilingMaxKeys = 4096;

@@ -55,14 +55,8 @@ int64_t row_tile_blocks(const KvCacheParams& params) {
 // The split kernel's configuration for head_dim and tiling, as Tr for f.
 template <class F>
 void with_traits(int head_dim, KvTiling tiling, F&& f) {
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim, [&] {
-    switch (tiling) {
-      case KvTiling::kWide: return f(typename fa2_mma_sm80::WideSplitKvTraits<kHeadDim>::type{});
-      case KvTiling::kDeep: return f(typename fa2_mma_sm80::DeepSplitKvTraits<kHeadDim>::type{});
-      case KvTiling::kNarrow: break;
-    }
-    f(typename fa2_mma_sm80::NarrowSplitKvTraits<kHeadDim>::type{});
-  });
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, head_dim, kHeadDim,
+                           [&] { fa2_mma_sm80::with_split_kv_traits<kHeadDim>(tiling, f); });
 }
 
 int smem_bytes(int head_dim, KvTiling tiling) {

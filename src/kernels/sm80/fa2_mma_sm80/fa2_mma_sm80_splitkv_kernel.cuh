@@ -551,12 +551,7 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
 
 template <int HeadDim>
 void launch_kvcache_tiled(const KvCacheParams& params, int num_splits, KvTiling tiling) {
-  switch (tiling) {
-    case KvTiling::kWide: return launch_kvcache<typename WideSplitKvTraits<HeadDim>::type>(params, num_splits);
-    case KvTiling::kDeep: return launch_kvcache<typename DeepSplitKvTraits<HeadDim>::type>(params, num_splits);
-    case KvTiling::kNarrow: break;
-  }
-  launch_kvcache<typename NarrowSplitKvTraits<HeadDim>::type>(params, num_splits);
+  with_split_kv_traits<HeadDim>(tiling, [&](auto traits) { launch_kvcache<decltype(traits)>(params, num_splits); });
 }
 
 }  // namespace flashlab::fa2_mma_sm80

@@ -1,7 +1,8 @@
 // fa2_mma_sm80's choice of split-KV tiling and split count (kvcache_tiling,
 // kvcache_num_splits) in its three regimes: blocks that fill the GPU (wide
 // on a short cache, narrow on a long one, no split), blocks that hold enough
-// in flight on part of it (deep, one split, up to a size), and few blocks
+// in flight on part of it (deep, one split, up to a size at head_dim 128 and
+// up), and few blocks
 // (wide, split to about one block per multiprocessor). No GPU: host
 // arithmetic over the current device's multiprocessor count (132 without one).
 #include <gtest/gtest.h>
@@ -43,6 +44,19 @@ TEST(KvCacheTiling, BlocksThatFillTheGpuTakeWideOnAShortCacheNarrowOnALongOne) {
   EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(4 * batch, 8192)), 1);
 }
 
+TEST(KvCacheTiling, BlocksThatFillTheGpuNeverSplitEvenWhereAnSmHoldsSeveral) {
+  // Head_dim 64: three narrow blocks fit an SM, and filling those slots with
+  // splits only added partials and the combine.
+  const int batch = filling_batch();
+  for (const int head_dim : {32, 64, 128})
+    for (const int batch_multiple : {1, 2, 3})
+      for (const int keys : {1024, 8192, 32768}) {
+        SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " batch " +
+                     std::to_string(batch * batch_multiple) + " keys " + std::to_string(keys));
+        EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(batch * batch_multiple, keys, head_dim)), 1);
+      }
+}
+
 TEST(KvCacheTiling, HalfTheGpuWithDeepRingsReadsAModestCacheInOneSplit) {
   // 64 blocks x 128 KB in flight (8 warps x 2 chunk pairs of 8 KB) at head_dim 128.
   constexpr int kDeepBytes = fa2_mma_sm80::DeepSplitKvTraits<128>::type::kSmemBytes;
@@ -61,6 +75,20 @@ TEST(KvCacheTiling, HalfTheGpuWithDeepRingsReadsAModestCacheInOneSplit) {
   EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(8, 32768)), 2);
   // Half the blocks hold too little in flight.
   EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(4, 1024)), KvTiling::kWide);
+}
+
+TEST(KvCacheTiling, BelowHeadDim128TheDeepSplitTakesAnyCacheSize) {
+  constexpr int kDeepBytes = fa2_mma_sm80::DeepSplitKvTraits<64>::type::kSmemBytes;
+  if (sms() <= 64 || kDeepBytes + 1024 > fa2_mma_sm80::shared_memory_per_multiprocessor())
+    GTEST_SKIP() << "needs more than 64 multiprocessors with " << kDeepBytes + 1024
+                 << " bytes of shared memory each; this device has " << sms() << " with "
+                 << fa2_mma_sm80::shared_memory_per_multiprocessor();
+  // 64 blocks x 128 KB in flight (8 warps x 4 chunk pairs of 4 KB) at head_dim 64.
+  for (const int keys : {1024, 32768, 131072}) {
+    SCOPED_TRACE("keys " + std::to_string(keys));
+    EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(8, keys, 64)), KvTiling::kDeep);
+    EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(8, keys, 64)), 1);
+  }
 }
 
 TEST(KvCacheTiling, FewBlocksSplitToAboutOneBlockPerMultiprocessor) {

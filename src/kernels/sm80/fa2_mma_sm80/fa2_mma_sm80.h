@@ -311,8 +311,15 @@ struct SplitKvTraits {
 //   flight a warp, for one split on part of the GPU (batch 8 x 1k / 4k / 8k,
 //   64 blocks: 17.9 / 50.3 / 94.4 us against 21.3 / 52.9 / 96.3 for two
 //   narrow splits and the combine).
-// At head_dim 256 all three are 4 warps x 3 stages. Q fragments in registers
-// up to head_dim 128.
+// At head_dim 256 all three are 4 warps x 3 stages. Below 128 a chunk holds
+// fewer bytes and the deep ring grows to keep head_dim 128's bytes in flight
+// a warp, up to 5 stages (H100, 32/8 heads, d64, bf16, session 14: batch 8 x
+// 1k / 8k / 32k 14.9 / 55.4 / 189 -> 12.1 / 50.1 / 180 us); wide and narrow
+// keep theirs: a 5-stage wide ring made batch 1 3% slower (16 splits), a
+// 3-stage narrow one batch 32 x 8k / 32k (187-194 / 742-786 us against 181 /
+// 716). Q fragments in registers up to 128.
+template <int HeadDim>
+inline constexpr int kDeepStages = HeadDim >= 128 ? 3 : (1 + 256 / HeadDim < 5 ? 1 + 256 / HeadDim : 5);
 template <int HeadDim>
 struct NarrowSplitKvTraits {
   using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), (HeadDim <= 128 ? 2 : 3), (HeadDim <= 128)>;
@@ -323,7 +330,7 @@ struct WideSplitKvTraits {
 };
 template <int HeadDim>
 struct DeepSplitKvTraits {
-  using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), 3, (HeadDim <= 128)>;
+  using type = SplitKvTraits<HeadDim, (HeadDim <= 128 ? 8 : 4), kDeepStages<HeadDim>, (HeadDim <= 128)>;
 };
 enum class KvTiling { kNarrow, kWide, kDeep };
 // Calls f with a value of the traits type of `tiling` at HeadDim: the one

@@ -10,14 +10,16 @@
 // kernel a split adds (about 3 us on the H100: batch 8 x 1k keys, 64 blocks,
 // one split 17.9 us, two 21.1). Three regimes (tilings: fa2_mma_sm80.h):
 //   - the blocks fill the GPU (>= one per SM): wide on a short cache, narrow
-//     on a long one; more splits only to round up the last wave (the
-//     smallest count within 5% of the best wave efficiency over the slots,
-//     slots = SMs x the blocks an SM holds);
+//     on a long one, no split (at head_dim 64, batch 32 x 8k / 32k: one split
+//     181 / 716 us, three to fill the slots of 3 narrow blocks an SM 191 /
+//     748);
 //   - the blocks hold kBytesInFlightToStream in their deep rings (two chunks a
-//     warp) and the K/V bytes are at most kMostBytesWithoutSplit: deep, one
-//     split, no combine; part of the GPU reads at about the full rate, and on
-//     a larger cache the second half of the SMs gains more than the combine
-//     costs (batch 8 x 32k: one split 357 us, two 352);
+//     warp): deep, one split, no combine; part of the GPU reads at about the
+//     full rate. At head_dim 128 and up only while the K/V bytes are at most
+//     kMostBytesWithoutSplit: on a larger cache the second half of the SMs
+//     gains more than the combine costs (batch 8 x 32k: one split 357 us, two
+//     352); at 64 the deep split stays ahead (batch 8 x 32k / 128k: 181 / 704
+//     us, two wide splits 183 / 794);
 //   - else wide, split so there is about one block per SM (the efficiency
 //     rule over SMs): batch 1 x 4k-32k with 16 splits read 0.92-0.97x the
 //     time of 32 (two per SM), which add partials and combine work. Keys per
@@ -126,10 +128,7 @@ int fa2_mma_sm80::kvcache_num_splits(const KvCacheParams& params) {
   const KvTiling tiling = kvcache_tiling(params);
   const int bytes = smem_bytes(params.head_dim, tiling);
   if (blocks <= 0 || bytes <= 0 || tiling == KvTiling::kDeep) return 1;
-  const int sms = multiprocessor_count();
-  const int per_sm =
-      blocks >= sms ? std::clamp(shared_memory_per_multiprocessor() / (bytes + 1024), 1, 16) : 1;
-  const int64_t slots = static_cast<int64_t>(sms) * per_sm;
+  const int64_t slots = multiprocessor_count();
   if (blocks * 5 >= slots * 4) return 1;
   const int most = static_cast<int>(
       std::min<int64_t>(kMaxKvSplits, std::max<int64_t>(1, params.seqlen_k / kMinKeysPerSplit)));
@@ -173,7 +172,7 @@ KvTiling fa2_mma_sm80::kvcache_tiling(const KvCacheParams& params) {
   // (An A100 holds 164 KB a multiprocessor: no deep ring at head_dim 128.)
   const bool deep_fits = smem_bytes(params.head_dim, KvTiling::kDeep) + 1024 <= shared_memory_per_multiprocessor();
   if (deep_fits && blocks * bytes_in_flight_per_block(params.head_dim, KvTiling::kDeep) >= kBytesInFlightToStream &&
-      cache_bytes_read(params) <= kMostBytesWithoutSplit)
+      (params.head_dim < 128 || cache_bytes_read(params) <= kMostBytesWithoutSplit))
     return KvTiling::kDeep;
   return KvTiling::kWide;
 }

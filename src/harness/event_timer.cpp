@@ -18,11 +18,13 @@ EventTimer::~EventTimer() {
   cudaEventDestroy(stop_);
 }
 
-float EventTimer::time_ms(const std::function<void()>& call) {
+float EventTimer::time_ms(const std::function<void()>& call, LaunchGate* gate) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (gate != nullptr) gate->close(stream);
   FLASHLAB_CUDA_CHECK(cudaEventRecord(start_, stream));
   call();
   FLASHLAB_CUDA_CHECK(cudaEventRecord(stop_, stream));
+  if (gate != nullptr) gate->open();
   FLASHLAB_CUDA_CHECK(cudaEventSynchronize(stop_));
   float ms = 0;
   FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));

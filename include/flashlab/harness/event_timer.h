@@ -9,14 +9,40 @@
 
 namespace flashlab {
 
+// Holds a stream until the host opens it: what is enqueued behind a closed
+// gate starts only once the host is done enqueueing it, so a host that falls
+// behind (descheduled, slow to dispatch) cannot leave the device idle inside
+// a timed window. A held stream waits at most kTimeoutNs: a call that blocks
+// on the device while the gate is closed (a synchronizing allocation, a
+// copy to the host) is let through then, and expired() says so. For calls
+// that only enqueue work (the benchmark's timed calls).
+class LaunchGate {
+ public:
+  static constexpr unsigned long long kTimeoutNs = 200'000'000;  // 0.2 s
+  LaunchGate();
+  ~LaunchGate();
+  LaunchGate(const LaunchGate&) = delete;
+  LaunchGate& operator=(const LaunchGate&) = delete;
+  void close(cudaStream_t stream);  // enqueues the hold on `stream`
+  void open();
+  // The last hold gave up waiting (after the stream has passed it).
+  bool expired() const;
+
+ private:
+  int* flags_ = nullptr;         // mapped pinned memory: [0] open, [1] the hold expired
+  int* device_flags_ = nullptr;  // the same, as the device sees it
+};
+
 class EventTimer {
  public:
   EventTimer();
   ~EventTimer();
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
-  // Device time of what `call` enqueues, in milliseconds (waits for it).
-  float time_ms(const std::function<void()>& call);
+  // Device time of what `call` enqueues, in milliseconds (waits for it). With
+  // a gate, the device starts the timed window only once the start event,
+  // the call's work and the stop event are all enqueued.
+  float time_ms(const std::function<void()>& call, LaunchGate* gate = nullptr);
   // Median of `repeats` timed calls after `warmups` untimed ones.
   float median_ms(const std::function<void()>& call, int repeats, int warmups = 3);
 

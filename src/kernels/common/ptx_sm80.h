@@ -32,6 +32,12 @@ __device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
+// The same with a 128-byte L2 prefetch.
+__device__ __forceinline__ void cp_async_16_l2_128(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
 // 4-byte async copy (through L1: cp.async allows 4 bytes with .ca only);
 // valid = false zero-fills the destination and reads nothing.
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {

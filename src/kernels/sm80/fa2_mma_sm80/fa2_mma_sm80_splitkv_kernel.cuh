@@ -206,11 +206,18 @@ __global__ void __launch_bounds__(Tr::kThreads)
       // beyond cache_seqlens may hold anything, and P = 0 times a NaN there
       // would still be NaN.
       const bool valid = key0 + r < seqlen_k;
-      // With a 256-byte L2 prefetch: +1-2% GB/s at head_dim 128 on the H100
-      // (decode b8-b32, 32k-128k keys, same-run A/B), where a key's row is 256 bytes.
+      // With an L2 prefetch of a key's row: 256 bytes at head_dim 128, +1-2%
+      // GB/s on the H100 (decode b8-b32, 32k-128k keys, same-run A/B); 128
+      // below, where 256 reached into the next head's row (d64, batch 32 x
+      // 128k: 2825 us against 2919-3095, the rest within 1-2%).
       const uint32_t cell = KvLayout::chunk_offset(r, col / 8);
-      cp_async_16_l2_256(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
-      cp_async_16_l2_256(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
+      if constexpr (kD * 2 >= 256) {
+        cp_async_16_l2_256(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
+        cp_async_16_l2_256(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
+      } else {
+        cp_async_16_l2_128(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
+        cp_async_16_l2_128(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
+      }
     }
   };
 #pragma unroll

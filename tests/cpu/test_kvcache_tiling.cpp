@@ -30,6 +30,16 @@ KvCacheParams decode_step(int batch, int seqlen_k, int head_dim = 128) {
 int sms() { return fa2_mma_sm80::multiprocessor_count(); }
 int filling_batch() { return (sms() + 7) / 8; }  // the smallest batch with a block per multiprocessor
 
+// Why batch 8 (64 blocks) cannot take a deep ring of deep_bytes on this
+// device: it fills the GPU, or a multiprocessor cannot hold the ring; empty
+// when it can.
+std::string no_deep_half_gpu_reason(int deep_bytes) {
+  if (sms() > 64 && deep_bytes + 1024 <= fa2_mma_sm80::shared_memory_per_multiprocessor()) return {};
+  return "needs more than 64 multiprocessors with " + std::to_string(deep_bytes + 1024) +
+         " bytes of shared memory each; this device has " + std::to_string(sms()) + " with " +
+         std::to_string(fa2_mma_sm80::shared_memory_per_multiprocessor());
+}
+
 TEST(KvCacheTiling, BlocksThatFillTheGpuTakeWideOnAShortCacheNarrowOnALongOne) {
   const int batch = filling_batch();
   EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(batch, 1024)), KvTiling::kWide);
@@ -59,11 +69,8 @@ TEST(KvCacheTiling, BlocksThatFillTheGpuNeverSplitEvenWhereAnSmHoldsSeveral) {
 
 TEST(KvCacheTiling, HalfTheGpuWithDeepRingsReadsAModestCacheInOneSplit) {
   // 64 blocks x 128 KB in flight (8 warps x 2 chunk pairs of 8 KB) at head_dim 128.
-  constexpr int kDeepBytes = fa2_mma_sm80::DeepSplitKvTraits<128>::type::kSmemBytes;
-  if (sms() <= 64 || kDeepBytes + 1024 > fa2_mma_sm80::shared_memory_per_multiprocessor())
-    GTEST_SKIP() << "needs more than 64 multiprocessors with " << kDeepBytes + 1024
-                 << " bytes of shared memory each; this device has " << sms() << " with "
-                 << fa2_mma_sm80::shared_memory_per_multiprocessor();
+  const std::string reason = no_deep_half_gpu_reason(fa2_mma_sm80::DeepSplitKvTraits<128>::type::kSmemBytes);
+  if (!reason.empty()) GTEST_SKIP() << reason;
   for (const int keys : {1024, 4096, 8192}) {
     SCOPED_TRACE("keys " + std::to_string(keys));
     EXPECT_EQ(fa2_mma_sm80::kvcache_tiling(decode_step(8, keys)), KvTiling::kDeep);
@@ -78,11 +85,8 @@ TEST(KvCacheTiling, HalfTheGpuWithDeepRingsReadsAModestCacheInOneSplit) {
 }
 
 TEST(KvCacheTiling, BelowHeadDim128TheDeepSplitTakesAnyCacheSize) {
-  constexpr int kDeepBytes = fa2_mma_sm80::DeepSplitKvTraits<64>::type::kSmemBytes;
-  if (sms() <= 64 || kDeepBytes + 1024 > fa2_mma_sm80::shared_memory_per_multiprocessor())
-    GTEST_SKIP() << "needs more than 64 multiprocessors with " << kDeepBytes + 1024
-                 << " bytes of shared memory each; this device has " << sms() << " with "
-                 << fa2_mma_sm80::shared_memory_per_multiprocessor();
+  const std::string reason = no_deep_half_gpu_reason(fa2_mma_sm80::DeepSplitKvTraits<64>::type::kSmemBytes);
+  if (!reason.empty()) GTEST_SKIP() << reason;
   // 64 blocks x 128 KB in flight (8 warps x 4 chunk pairs of 4 KB) at head_dim 64.
   for (const int keys : {1024, 32768, 131072}) {
     SCOPED_TRACE("keys " + std::to_string(keys));

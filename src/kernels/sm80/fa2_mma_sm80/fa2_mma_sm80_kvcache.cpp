@@ -12,7 +12,8 @@
 //   - the blocks fill the GPU (>= one per SM): wide on a short cache, narrow
 //     on a long one, no split (at head_dim 64, batch 32 x 8k / 32k: one split
 //     181 / 716 us, three to fill the slots of 3 narrow blocks an SM 191 /
-//     748);
+//     748; at 128, batch 17 / 20 / 26 x 1k: 31 / 38 / 44 us against 39 / 45 /
+//     51 with 5-8 splits, but batch 20 x 4k 133 against 124 with 8);
 //   - the blocks hold kBytesInFlightToStream in their deep rings (two chunks a
 //     warp): deep, one split, no combine; part of the GPU reads at about the
 //     full rate. At head_dim 128 and up only while the K/V bytes are at most

@@ -1,10 +1,10 @@
 // fa2_mma_sm80's choice of split-KV tiling and split count (kvcache_tiling,
 // kvcache_num_splits) in its three regimes: blocks that fill the GPU (wide
 // on a short cache, narrow on a long one, no split), blocks that hold enough
-// in flight on part of it (deep, one split, up to a size at head_dim 128 and
-// up), and few blocks
-// (wide, split to about one block per multiprocessor). No GPU: host
-// arithmetic over the current device's multiprocessor count (132 without one).
+// in flight on part of it (deep, one split; from head_dim 128 up to a cache
+// size), and few blocks (wide, split to about one block per multiprocessor).
+// No GPU: host arithmetic over the current device's multiprocessor count (132
+// without one).
 #include <gtest/gtest.h>
 
 #include <algorithm>

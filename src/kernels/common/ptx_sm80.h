@@ -24,19 +24,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
-// The same with an L2 prefetch hint of 256 bytes: the L2 fetches the whole
-// 256-byte sector group around the address (streams whose rows are 256 bytes
-// or more, e.g. a KV cache at head_dim 128).
-__device__ __forceinline__ void cp_async_16_l2_256(uint32_t dst, const void* src, bool valid) {
+// The same with an L2 prefetch hint of PrefetchBytes (128 or 256): the L2
+// fetches that aligned span around the address (for streams whose rows are
+// that long, e.g. a KV cache's key rows: 128 bytes at head_dim 64, 256 at 128).
+template <int PrefetchBytes>
+__device__ __forceinline__ void cp_async_16_l2(uint32_t dst, const void* src, bool valid) {
+  static_assert(PrefetchBytes == 128 || PrefetchBytes == 256, "cp.async takes L2::128B or L2::256B");
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-// The same with a 128-byte L2 prefetch.
-__device__ __forceinline__ void cp_async_16_l2_128(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
+  if constexpr (PrefetchBytes == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  else
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
 }
 // 4-byte async copy (through L1: cp.async allows 4 bytes with .ca only);
 // valid = false zero-fills the destination and reads nothing.

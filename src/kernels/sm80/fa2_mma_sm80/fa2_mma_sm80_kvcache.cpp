@@ -126,9 +126,7 @@ int fa2_mma_sm80::kvcache_max_splits(const KvCacheParams&) { return kMaxKvSplits
 
 int fa2_mma_sm80::kvcache_num_splits(const KvCacheParams& params) {
   const int64_t blocks = row_tile_blocks(params);
-  const KvTiling tiling = kvcache_tiling(params);
-  const int bytes = smem_bytes(params.head_dim, tiling);
-  if (blocks <= 0 || bytes <= 0 || tiling == KvTiling::kDeep) return 1;
+  if (blocks <= 0 || kvcache_tiling(params) == KvTiling::kDeep) return 1;
   const int64_t slots = multiprocessor_count();
   if (blocks * 5 >= slots * 4) return 1;
   const int most = static_cast<int>(

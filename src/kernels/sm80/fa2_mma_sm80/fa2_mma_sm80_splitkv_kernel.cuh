@@ -211,13 +211,9 @@ __global__ void __launch_bounds__(Tr::kThreads)
       // below, where 256 reached into the next head's row (d64, batch 32 x
       // 128k: 2825 us against 2919-3095, the rest within 1-2%).
       const uint32_t cell = KvLayout::chunk_offset(r, col / 8);
-      if constexpr (kD * 2 >= 256) {
-        cp_async_16_l2_256(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
-        cp_async_16_l2_256(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
-      } else {
-        cp_async_16_l2_128(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
-        cp_async_16_l2_128(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
-      }
+      constexpr int kPrefetchBytes = kD * 2 >= 256 ? 256 : 128;
+      cp_async_16_l2<kPrefetchBytes>(k_dst + cell, valid ? k_chunk + r * p.k_row_stride + col : k, valid);
+      cp_async_16_l2<kPrefetchBytes>(v_dst + cell, valid ? v_chunk + r * p.v_row_stride + col : v, valid);
     }
   };
 #pragma unroll

@@ -154,7 +154,14 @@ struct KvCacheParams : AttentionParams {
   // than one split, partial outputs and LSEs go to float32 buffers carved from
   // params.workspace and a combine kernel writes out and lse.
   int num_splits = 0;
+
+  // The split kernel's block timeline (flashlab-run --kvcache --timeline):
+  // nullptr, or 3 uint64 per block of its grid (linear block index x + y * X +
+  // z * X * Y), zeroed by the caller: %globaltimer ns when the block starts,
+  // when its warps have merged (before its stores), and the SM it ran on.
+  uint64_t* block_timeline = nullptr;
 };
+inline constexpr int kBlockTimelineSlots = 3;  // uint64 per block: start ns, end ns, SM
 
 }  // namespace flashlab
 

@@ -504,6 +504,33 @@ KvCacheCall call_against_reference(const KvCacheSpec& spec, const KvCacheTensors
   return call;
 }
 
+int64_t kvcache_grid_blocks(const KvCacheSpec& spec, int num_splits, const TileShape& tiles) {
+  const int64_t packed_rows = static_cast<int64_t>(spec.seqlen_q) * (spec.heads / spec.kv_heads);
+  const int64_t row_tiles = tiles.block_q > 0 ? (packed_rows + tiles.block_q - 1) / tiles.block_q : packed_rows;
+  return static_cast<int64_t>(num_splits) * row_tiles * spec.batch * spec.kv_heads;
+}
+
+BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams params, int64_t grid_blocks) {
+  TORCH_CHECK(kernel.supports_block_timeline, "kernel ", kernel.name,
+              " records no block timeline (supports_block_timeline is off)");
+  TORCH_CHECK(grid_blocks > 0, "record_block_timeline needs the grid's block count; got ", grid_blocks);
+  const auto on_gpu = at::TensorOptions().device(at::kCUDA, 0);
+  const at::Tensor slots = at::zeros({grid_blocks * kBlockTimelineSlots}, on_gpu.dtype(at::kLong));
+  params.block_timeline = reinterpret_cast<uint64_t*>(slots.data_ptr<int64_t>());
+  // The K/V come from DRAM, as in a decode step: read twice the L2 first.
+  int device = 0, l2_bytes = 0, sm_count = 0;
+  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  const at::Tensor flush = at::ones({2 * static_cast<int64_t>(l2_bytes) / 4 + 1}, on_gpu.dtype(at::kInt));
+  (void)flush.sum();
+  run_kvcache_kernel(kernel, params);
+  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  const at::Tensor host = slots.to(at::kCPU);
+  const int64_t* raw = host.data_ptr<int64_t>();
+  return block_timeline_from_slots(std::vector<uint64_t>(raw, raw + host.numel()), sm_count);
+}
+
 KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options) {
   const std::string unavailable = cuda_unavailable_reason();
   TORCH_CHECK(unavailable.empty(), "check_kvcache needs a GPU: ", unavailable);
@@ -545,6 +572,9 @@ KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& ch
     result.kernel_ms = EventTimer().median_ms([&] { run_kvcache_kernel(kernel, timed); },
                                               check_options.timed_launches);
   }
+  if (check_options.block_timeline)
+    result.block_timeline = record_block_timeline(kernel, kvcache_params(spec, inputs, outputs.out, outputs.lse),
+                                                  kvcache_grid_blocks(spec, result.num_splits, result.tiles));
   return result;
 }
 
@@ -564,6 +594,7 @@ std::string KvCacheCheckResult::format() const {
        << out.format() << out_context << lse.format() << lse_context << k_cache.format()
        << v_cache.format();
   if (kernel_ms >= 0) text << "kernel time " << kernel_ms << " ms (median)\n";
+  if (block_timeline) text << format_block_timeline(summarize_block_timeline(*block_timeline));
   text << (passed() ? "PASSED" : "FAILED") << "\n";
   return text.str();
 }
@@ -579,7 +610,9 @@ std::string KvCacheCheckResult::to_json() const {
        << ", \"tolerance\": " << json::number(out.tolerance) << ", \"out\": " << out.to_json()
        << ", \"lse\": " << lse.to_json() << ", \"k_cache\": " << k_cache.to_json()
        << ", \"v_cache\": " << v_cache.to_json()
-       << ", \"kernel_ms\": " << (kernel_ms >= 0 ? json::number(kernel_ms) : "null") << "}";
+       << ", \"kernel_ms\": " << (kernel_ms >= 0 ? json::number(kernel_ms) : "null")
+       << ", \"block_timeline\": "
+       << (block_timeline ? block_timeline_json(summarize_block_timeline(*block_timeline)) : "null") << "}";
   return text.str();
 }
 

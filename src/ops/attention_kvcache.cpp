@@ -286,6 +286,8 @@ void run_kvcache_kernel(const KernelVariant& kernel, const KvCacheParams& params
   TORCH_CHECK(kernel.kvcache_launch != nullptr, "kernel ", kernel.name, " has no KV-cache path");
   std::string reason = kernel.kvcache_unsupported_reason(params);
   if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
+  if (reason.empty() && params.block_timeline != nullptr && !kernel.supports_block_timeline)
+    reason = "it records no block timeline (supports_block_timeline is off); got a block_timeline buffer";
   TORCH_CHECK(reason.empty(), "kernel ", kernel.name, " cannot run ", describe_kvcache_problem(params),
               ": ", reason);
   TORCH_CHECK(params.q != nullptr && params.k != nullptr && params.v != nullptr && params.out != nullptr,

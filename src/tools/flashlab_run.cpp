@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <vector>
 #include <iostream>
@@ -40,6 +41,8 @@ struct Arguments {
   std::vector<int> locate;      // batch, head, row[, col]
   bool kvcache = false;         // decoding with a KV cache: kvcache_spec, not spec, is the problem
   flashlab::KvCacheSpec kvcache_spec;
+  bool timeline = false;        // --kvcache: the split kernel's block timeline
+  std::string timeline_csv;     // and its records, a line per block
 };
 
 constexpr int kIntMax = std::numeric_limits<int>::max();
@@ -221,7 +224,17 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       .flag("--cpu-reference",
             "with --kvcache: compute the references on the CPU (the sanitizer's\nracecheck runs: "
             "compute-sanitizer 13.0 fails cuBLAS's fp16 GEMM under racecheck)",
-            [&] { cpu_reference = true, kvcache_option_given = true; });
+            [&] { cpu_reference = true, kvcache_option_given = true; })
+      .flag("--timeline",
+            "with --kvcache: one more launch, after an L2 flush, recording when each\nblock of the split "
+            "kernel starts and ends and on which SM; prints how\nevenly the grid kept the SMs busy",
+            [&] { arguments.timeline = true, kvcache_option_given = true; })
+      .option("--timeline-csv", "FILE",
+              "with --kvcache: --timeline, and its records to FILE\n(block,sm,start_us,end_us; "
+              "scripts/plot_timeline.py draws them)",
+              [&](const std::string& v) {
+                arguments.timeline = true, arguments.timeline_csv = v, kvcache_option_given = true;
+              });
   if (parser.parse(argc, argv).help) {
     std::cout << parser.usage();
     return std::nullopt;
@@ -253,7 +266,8 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
   }
   if (kvcache_option_given && !arguments.kvcache)
-    throw ArgumentError("--cache-seqlens, --page-size, --num-splits, --append and --cpu-reference go with --kvcache");
+    throw ArgumentError("--cache-seqlens, --page-size, --num-splits, --append, --cpu-reference and --timeline go "
+                        "with --kvcache");
   if (arguments.kvcache) {
     if (spec.is_varlen())
       throw ArgumentError("--kvcache takes a fixed-length batch (--batch; the keys come from --cache-seqlens), "
@@ -354,7 +368,14 @@ int run_kvcache_check(const Arguments& arguments) {
   return run_and_report(arguments, [&] {
     flashlab::CheckOptions options;
     options.timed_launches = arguments.repeat;
-    return flashlab::check_kvcache(arguments.kvcache_spec, options);
+    options.block_timeline = arguments.timeline;
+    flashlab::KvCacheCheckResult result = flashlab::check_kvcache(arguments.kvcache_spec, options);
+    if (!arguments.timeline_csv.empty() && result.block_timeline) {
+      std::ofstream csv(arguments.timeline_csv);
+      csv << flashlab::block_timeline_csv(*result.block_timeline);
+      if (!csv) throw std::runtime_error("cannot write --timeline-csv " + arguments.timeline_csv);
+    }
+    return result;
   });
 }
 

@@ -10,6 +10,9 @@
 //                                         num_splits 1..16, 24, ..., the maximum
 //   KvCacheAppend.WritesExactlyTheNewRows appended rows bitwise k_new/v_new,
 //                                         nothing else in either cache written
+//   KvCacheTimeline.RecordsEveryBlockOnce the block timeline (--timeline): a
+//                                         start and an end for every block of
+//                                         the split kernel's grid, on real SMs
 // and the checks of attention_with_kvcache that read values on the host
 // (lengths, pages), which come after the device check: a rejected call
 // writes nothing.
@@ -52,6 +55,7 @@ class KvCachePagedAndContiguous : public KvCacheCaseTest {};
 class KvCacheSplits : public KvCacheCaseTest {};
 class KvCacheAppend : public KvCacheCaseTest {};
 class KvCacheCpuReference : public KvCacheCaseTest {};
+class KvCacheTimeline : public KvCacheCaseTest {};
 
 TEST_P(KvCache, MatchesReference) {
   const KvCacheCheckResult result = check_kvcache(spec_);
@@ -187,6 +191,29 @@ TEST_P(KvCacheCpuReference, MatchesTheDeviceReference) {
                                << on_cpu.seed << "\n" << result.format();
 }
 
+TEST_P(KvCacheTimeline, RecordsEveryBlockOnce) {
+  if (!kernel_->supports_block_timeline) GTEST_SKIP() << kernel_->name << " records no block timeline";
+  CheckOptions options;
+  options.block_timeline = true;
+  const KvCacheCheckResult result = check_kvcache(spec_, options);
+  ASSERT_TRUE(result.block_timeline.has_value());
+  const BlockTimeline& timeline = *result.block_timeline;
+  EXPECT_EQ(timeline.grid_blocks, kvcache_grid_blocks(spec_, result.num_splits, result.tiles));
+  EXPECT_EQ(static_cast<int64_t>(timeline.records.size()), timeline.grid_blocks) << "blocks that wrote no start";
+  EXPECT_EQ(timeline.blocks_without_end, 0);
+  for (const BlockRecord& record : timeline.records) {
+    SCOPED_TRACE("block " + std::to_string(record.block));
+    EXPECT_GE(record.start_us, 0.0);
+    EXPECT_GE(record.end_us, record.start_us);
+    EXPECT_GE(record.sm, 0);
+    EXPECT_LT(record.sm, timeline.sm_count);
+  }
+  const BlockTimelineSummary summary = summarize_block_timeline(timeline);
+  EXPECT_GT(summary.busy_fraction, 0.0);
+  EXPECT_LE(summary.busy_fraction, 1.0);
+  EXPECT_TRUE(result.passed()) << replay() << " --timeline\n" << result.format();
+}
+
 const auto case_name = [](const auto& info) { return info.param.name; };
 
 INSTANTIATE_TEST_SUITE_P(KvCacheReference, KvCache, ::testing::ValuesIn(kvcache_reference_cases()), case_name);
@@ -194,6 +221,7 @@ INSTANTIATE_TEST_SUITE_P(KvCacheLayouts, KvCachePagedAndContiguous, ::testing::V
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheSplits, KvCacheSplits, ::testing::ValuesIn(kvcache_split_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheAppend, KvCacheAppend, ::testing::ValuesIn(kvcache_append_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(KvCacheTimeline, KvCacheTimeline, ::testing::ValuesIn(kvcache_layout_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheCpuReference, KvCacheCpuReference, ::testing::ValuesIn(kvcache_sanitizer_cases()),
                          case_name);
 

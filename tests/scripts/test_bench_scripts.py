@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""CPU test of scripts/bench_table.py and scripts/plot_bench.py on synthetic
-flashlab-bench output: the --decode table (rows, ratios, % of copy, the issue's
-targets, rows without a time), the decode plot (when matplotlib is there), and
-that the forward table still reads a text summary. Run by CTest (label cpu) or
+"""CPU test of scripts/bench_table.py, scripts/plot_bench.py and
+scripts/plot_timeline.py on synthetic flashlab-bench / flashlab-run output: the
+--decode table (rows, ratios, % of copy, the issue's targets, rows without a
+time), the decode and block-timeline plots (when matplotlib is there), and that
+the forward table still reads a text summary. Run by CTest (label cpu) or
 directly: python3 tests/scripts/test_bench_scripts.py
 """
 import json
@@ -178,6 +179,16 @@ class Plots(unittest.TestCase):
             with open(path, "w") as file:
                 json.dump(decode_document(), file)
             result = run_script(os.path.join(SCRIPTS, "plot_bench.py"), path, "-o", png)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(png, "rb") as image:
+                self.assertEqual(image.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_timeline_plot(self):
+        with tempfile.TemporaryDirectory() as directory:
+            path, png = os.path.join(directory, "timeline.csv"), os.path.join(directory, "timeline.png")
+            with open(path, "w") as file:
+                file.write("block,sm,start_us,end_us\n0,0,0.000,10.000\n1,1,0.000,6.000\n2,0,2.000,12.000\n")
+            result = run_script(os.path.join(SCRIPTS, "plot_timeline.py"), path, "-o", png)
             self.assertEqual(result.returncode, 0, result.stderr)
             with open(png, "rb") as image:
                 self.assertEqual(image.read(8), b"\x89PNG\r\n\x1a\n")

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "flashlab/attention.h"
+#include "flashlab/harness/block_timeline.h"
 #include "flashlab/harness/compare.h"
 #include "flashlab/harness/problem.h"
 #include "flashlab/harness/reference.h"
@@ -234,6 +235,7 @@ struct KvCacheCheckResult {
   std::string out_context, lse_context;  // kvcache_row_context of the first bad element
   CacheComparison k_cache, v_cache;
   double kernel_ms = -1;  // median over the timed launches, when timed
+  std::optional<BlockTimeline> block_timeline;  // CheckOptions::block_timeline
   bool passed() const {
     return out.passed() && lse.passed() && k_cache.passed() && v_cache.passed();
   }
@@ -245,5 +247,12 @@ struct KvCacheCheckResult {
 // through run_kvcache_kernel, without the host checks) comes after the
 // comparison: a timed launch appends the same rows again.
 KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options = {});
+
+// One launch of the kernel's KV-cache path after an L2 flush, with
+// params.block_timeline pointing at zeroed slots for grid_blocks blocks (the
+// split kernel's grid: KernelVariant::supports_block_timeline); on GPU 0.
+BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams params, int64_t grid_blocks);
+// The split kernel's blocks: splits x packed-row tiles x batch x kv_heads.
+int64_t kvcache_grid_blocks(const KvCacheSpec& spec, int num_splits, const TileShape& tiles);
 
 }  // namespace flashlab

@@ -198,6 +198,9 @@ struct CheckResult {
 
 struct CheckOptions {
   int timed_launches = 0;  // > 0: also time the kernel (median of this many launches)
+  // check_kvcache: one more launch, after an L2 flush, recording the split
+  // kernel's block timeline (KernelVariant::supports_block_timeline).
+  bool block_timeline = false;
 };
 
 CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options = {});

@@ -326,6 +326,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.kvcache_max_splits = fa2_mma_sm80::kvcache_max_splits;
   variant.kvcache_workspace_bytes = fa2_mma_sm80::kvcache_workspace_bytes;
   variant.kvcache_launch = fa2_mma_sm80::kvcache_launch;
+  variant.supports_block_timeline = true;  // fa2_mma_sm80_splitkv_kernel.cuh
   variant.kvcache_tile_shape = fa2_mma_sm80::kvcache_tile_shape;
   return variant;
 }

@@ -39,7 +39,7 @@
 // multiple of 16; 16-byte aligned pointers and strides that are multiples of 8
 // elements (cp.async); seqlen_q x (heads / kv_heads) packed rows in tiles of
 // 16 re-read K/V once per tile, so this path suits small seqlen_q (decoding);
-// no tile trace.
+// no tile trace (a block timeline instead: common/block_timeline.h).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -48,6 +48,7 @@
 
 #include <cstdint>
 
+#include "common/block_timeline.h"
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/visible_keys.h"
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   // The combine kernel (launched as a programmatic dependent) may be
   // scheduled now; it waits for this grid to complete before reading.
   pdl_launch_dependents();
+  record_block_start(p.block_timeline);
   const int split = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockRows;  // first packed row of the block
   const int kv_head = blockIdx.z % p.kv_heads;
@@ -364,6 +366,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const int r = tid / kThreadsPerRow;
   const int col0 = (tid % kThreadsPerRow) * kColumns;
   const int packed = row0 + r;
+  record_block_end(p.block_timeline);
   if (packed >= packed_rows) return;
   float merged_max = -INFINITY;
 #pragma unroll

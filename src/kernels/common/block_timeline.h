@@ -1,0 +1,41 @@
+// The block timeline, device side: when each block of a grid starts and ends
+// and on which SM (KvCacheParams::block_timeline; the harness's summary is
+// src/harness/block_timeline.cpp). A memory-bound grid that gives every SM
+// the same bytes still ends unevenly (on the H100 some SMs stream faster than
+// others); the timeline shows how long SMs sit idle before the last block ends.
+// Thread 0 of a block writes; a null timeline costs one uniform branch.
+#pragma once
+
+#include <cstdint>
+
+#include "flashlab/kernel_params.h"
+
+namespace flashlab {
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+__device__ __forceinline__ uint64_t* block_timeline_slots(uint64_t* timeline) {
+  const uint64_t block =
+      blockIdx.x + static_cast<uint64_t>(gridDim.x) * (blockIdx.y + static_cast<uint64_t>(gridDim.y) * blockIdx.z);
+  return timeline + block * kBlockTimelineSlots;
+}
+
+__device__ __forceinline__ void record_block_start(uint64_t* timeline) {
+  if (timeline == nullptr || threadIdx.x != 0) return;
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  uint64_t* slots = block_timeline_slots(timeline);
+  slots[0] = global_timer_ns();
+  slots[2] = sm;
+}
+
+__device__ __forceinline__ void record_block_end(uint64_t* timeline) {
+  if (timeline == nullptr || threadIdx.x != 0) return;
+  block_timeline_slots(timeline)[1] = global_timer_ns();
+}
+
+}  // namespace flashlab

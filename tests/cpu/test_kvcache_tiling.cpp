@@ -1,8 +1,9 @@
 // fa2_mma_sm80's choice of split-KV tiling and split count (kvcache_tiling,
 // kvcache_num_splits) in its three regimes: blocks that fill the GPU (wide
-// on a short cache, narrow on a long one, no split), blocks that hold enough
-// in flight on part of it (deep, one split; from head_dim 128 up to a cache
-// size), and few blocks (wide, split to about one block per multiprocessor).
+// on a short cache, narrow on a long one, one split, two from 64k keys at
+// head_dim 128 and up), blocks that hold enough in flight on part of it
+// (deep, one split; from head_dim 128 up to a cache size), and few blocks
+// (wide, split to about one block per multiprocessor).
 // No GPU: host arithmetic over the current device's multiprocessor count (132
 // without one).
 #include <gtest/gtest.h>
@@ -54,16 +55,18 @@ TEST(KvCacheTiling, BlocksThatFillTheGpuTakeWideOnAShortCacheNarrowOnALongOne) {
   EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(4 * batch, 8192)), 1);
 }
 
-TEST(KvCacheTiling, BlocksThatFillTheGpuNeverSplitEvenWhereAnSmHoldsSeveral) {
+TEST(KvCacheTiling, BlocksThatFillTheGpuSplitOnlyALongCacheAtHeadDim128AndUp) {
   // Head_dim 64: three narrow blocks fit an SM, and filling those slots with
-  // splits only added partials and the combine.
+  // splits only added partials and the combine. From 64k keys at 128 and up,
+  // two splits let the faster SMs take more blocks.
   const int batch = filling_batch();
-  for (const int head_dim : {32, 64, 128})
+  for (const int head_dim : {32, 64, 128, 256})
     for (const int batch_multiple : {1, 2, 3})
-      for (const int keys : {1024, 8192, 32768}) {
+      for (const int keys : {1024, 8192, 32768, 65535, 65536, 131072}) {
         SCOPED_TRACE("head_dim " + std::to_string(head_dim) + " batch " +
                      std::to_string(batch * batch_multiple) + " keys " + std::to_string(keys));
-        EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(batch * batch_multiple, keys, head_dim)), 1);
+        const int expected = head_dim >= 128 && keys >= 65536 ? 2 : 1;
+        EXPECT_EQ(fa2_mma_sm80::kvcache_num_splits(decode_step(batch * batch_multiple, keys, head_dim)), expected);
       }
 }
 

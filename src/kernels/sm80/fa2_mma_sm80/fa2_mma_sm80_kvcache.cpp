@@ -13,7 +13,15 @@
 //     on a long one, no split (at head_dim 64, batch 32 x 8k / 32k: one split
 //     181 / 716 us, three to fill the slots of 3 narrow blocks an SM 191 /
 //     748; at 128, batch 17 / 20 / 26 x 1k: 31 / 38 / 44 us against 39 / 45 /
-//     51 with 5-8 splits, but batch 20 x 4k 133 against 124 with 8);
+//     51 with 5-8 splits, but batch 20 x 4k 133 against 124 with 8), except
+//     two from kLongCacheKeys at head_dim 128 and up: more blocks than SMs let
+//     the hardware hand more of them to the SMs that stream faster (on the
+//     H100 24 SMs finish a one-split batch 32 step at three quarters of its
+//     time, flashlab-run --timeline; batch 32 x 128k, 32/8 and 64/8 heads:
+//     5470-5478 us with two splits against 5501-5516 with one, two rounds;
+//     at 64k even; at 4k-32k one split is the fastest; at head_dim 64 two
+//     splits were slower at 128k, 2922 against 2856 us; at 256 x 64k faster,
+//     5546 against 5582);
 //   - the blocks hold kBytesInFlightToStream in their deep rings (two chunks a
 //     warp): deep, one split, no combine; part of the GPU reads at about the
 //     full rate. At head_dim 128 and up only while the K/V bytes are at most
@@ -42,6 +50,7 @@ using fa2_mma_sm80::HeadDims;
 using fa2_mma_sm80::KvTiling;
 
 constexpr int kMinKeysPerSplit = 128;
+constexpr int kLongCacheKeys = 65536;
 // Little's law on the H100: about 3 TB/s times 2.7 us of loaded latency.
 constexpr int64_t kBytesInFlightToStream = int64_t(8) << 20;
 constexpr int64_t kMostBytesWithoutSplit = int64_t(300) << 20;
@@ -128,7 +137,7 @@ int fa2_mma_sm80::kvcache_num_splits(const KvCacheParams& params) {
   const int64_t blocks = row_tile_blocks(params);
   if (blocks <= 0 || kvcache_tiling(params) == KvTiling::kDeep) return 1;
   const int64_t slots = multiprocessor_count();
-  if (blocks * 5 >= slots * 4) return 1;
+  if (blocks * 5 >= slots * 4) return params.head_dim >= 128 && params.seqlen_k >= kLongCacheKeys ? 2 : 1;
   const int most = static_cast<int>(
       std::min<int64_t>(kMaxKvSplits, std::max<int64_t>(1, params.seqlen_k / kMinKeysPerSplit)));
   const auto efficiency = [&](int splits) {

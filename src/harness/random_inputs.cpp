@@ -7,6 +7,7 @@
 
 #include "flashlab/harness/normal_from_bits.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -37,6 +38,13 @@ struct Generator {
 }  // namespace
 
 at::Tensor mt19937_normal(at::IntArrayRef shape, uint64_t seed, at::Device device) {
+  return mt19937_normal_in_calls(shape, seed, device, kMostMt19937BitsPerCall);
+}
+
+at::Tensor mt19937_normal_in_calls(at::IntArrayRef shape, uint64_t seed, at::Device device,
+                                   int64_t most_bits_per_call) {
+  TORCH_CHECK(most_bits_per_call >= 2 && most_bits_per_call % 2 == 0,
+              "mt19937_normal_in_calls: the call size must be even and >= 2; got ", most_bits_per_call);
   int64_t count = 1;
   for (int64_t extent : shape) count *= extent;
   TORCH_CHECK(count >= 0, "mt19937_normal: negative shape ", shape);
@@ -54,8 +62,13 @@ at::Tensor mt19937_normal(at::IntArrayRef shape, uint64_t seed, at::Device devic
   Generator generator(on_host);
   FLASHLAB_CURAND_CHECK(curandSetPseudoRandomGeneratorSeed(generator.handle, seed));
   auto* bit_data = reinterpret_cast<uint32_t*>(bits.data_ptr<int32_t>());
+  const auto generate_bits = [&] {
+    for (int64_t first = 0; first < bit_count; first += most_bits_per_call)
+      FLASHLAB_CURAND_CHECK(curandGenerate(generator.handle, bit_data + first,
+                                           static_cast<size_t>(std::min(most_bits_per_call, bit_count - first))));
+  };
   if (on_host) {
-    FLASHLAB_CURAND_CHECK(curandGenerate(generator.handle, bit_data, bit_count));
+    generate_bits();
     float* out = values.data_ptr<float>();
     for (int64_t pair = 0; 2 * pair < count; ++pair) {
       float z0, z1;
@@ -66,7 +79,7 @@ at::Tensor mt19937_normal(at::IntArrayRef shape, uint64_t seed, at::Device devic
   } else {
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
     FLASHLAB_CURAND_CHECK(curandSetStream(generator.handle, stream));
-    FLASHLAB_CURAND_CHECK(curandGenerate(generator.handle, bit_data, bit_count));
+    generate_bits();
     normal_from_bits_on_device(bit_data, values.data_ptr<float>(), count, stream);
   }
   return values.view(shape);

@@ -3,6 +3,7 @@
 // every registered kernel and dtype it takes), and host/device generator
 // agreement.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
 
 #include "flashlab/attention.h"
@@ -50,6 +51,35 @@ const auto case_name = [](const auto& info) { return info.param.name; };
 
 INSTANTIATE_TEST_SUITE_P(AllKernels, Causality, ::testing::ValuesIn(property_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(AllKernels, Determinism, ::testing::ValuesIn(property_cases()), case_name);
+
+// More outputs than one cuRAND call takes come from several calls that
+// continue one sequence: in small calls, the values of one host call.
+TEST(RandomInputsOnDevice, ManyCallsContinueOneSequence) {
+  FLASHLAB_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const int64_t count = 10001;
+  const at::Tensor one_call = mt19937_normal({count}, seed, at::kCPU);
+  for (const int64_t call_size : {int64_t{2}, int64_t{4096}, int64_t{10000}}) {
+    SCOPED_TRACE("calls of " + std::to_string(call_size));
+    EXPECT_TRUE(at::equal(mt19937_normal_in_calls({count}, seed, at::kCPU, call_size), one_call));
+    EXPECT_TRUE(at::equal(mt19937_normal_in_calls({count}, seed, at::Device(at::kCUDA, 0), call_size).cpu(), one_call));
+  }
+}
+
+// 2^31 + 6 values on the device (a single cuRAND call faults there): no error,
+// and they start as a short draw does.
+TEST(RandomInputsOnDevice, MoreValuesThanOneCuRandCallTakes) {
+  FLASHLAB_REQUIRE_GPU();
+  const uint64_t seed = test_seed();
+  const at::Device gpu(at::kCUDA, 0);
+  const int64_t count = (int64_t{1} << 31) + 6;
+  at::Tensor values = mt19937_normal({count}, seed, gpu);
+  EXPECT_TRUE(at::equal(values.narrow(0, 0, 4097).cpu(), mt19937_normal({4097}, seed, gpu).cpu()));
+  EXPECT_TRUE(at::isfinite(values.narrow(0, count - 4097, 4097)).all().item<bool>());
+  values = at::Tensor();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
 
 TEST(RandomInputsOnDevice, HostAndDeviceGeneratorsAgreeBitwise) {
   FLASHLAB_REQUIRE_GPU();

@@ -156,10 +156,12 @@ struct KvCacheParams : AttentionParams {
   int num_splits = 0;
 
   // The split kernel's block timeline (flashlab-run --kvcache --timeline):
-  // nullptr, or 3 uint64 per block of its grid (linear block index x + y * X +
-  // z * X * Y), zeroed by the caller: %globaltimer ns when the block starts,
-  // when its warps have merged (before its stores), and the SM it ran on.
+  // nullptr, or kBlockTimelineSlots uint64 per block (linear block index x +
+  // y * X + z * X * Y), zeroed by the caller: %globaltimer ns when the block
+  // starts, when its warps have merged (before its stores), and the SM it ran
+  // on. Blocks at or past block_timeline_blocks write nothing.
   uint64_t* block_timeline = nullptr;
+  int64_t block_timeline_blocks = 0;
 };
 inline constexpr int kBlockTimelineSlots = 3;  // uint64 per block: start ns, end ns, SM
 

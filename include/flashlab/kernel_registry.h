@@ -146,8 +146,9 @@ struct KernelVariant {
   // The split kernel's tiles: block_q packed rows (query rows x the query heads
   // of one kv head), block_k keys per step.
   TileShape (*kvcache_tile_shape)(const KvCacheParams& params) = nullptr;
-  // The split kernel writes KvCacheParams::block_timeline; its grid is splits
-  // x packed-row tiles (kvcache_tile_shape's block_q) x batch x kv_heads.
+  // The split kernel writes KvCacheParams::block_timeline (the blocks below
+  // block_timeline_blocks); its grid is splits x packed-row tiles
+  // (kvcache_tile_shape's block_q) x batch x kv_heads.
   bool supports_block_timeline = false;
 
   // Where out[batch, row, head, col] and the row's m and l live (block, warp,

@@ -517,6 +517,7 @@ BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams p
   const auto on_gpu = at::TensorOptions().device(at::kCUDA, 0);
   const at::Tensor slots = at::zeros({grid_blocks * kBlockTimelineSlots}, on_gpu.dtype(at::kLong));
   params.block_timeline = reinterpret_cast<uint64_t*>(slots.data_ptr<int64_t>());
+  params.block_timeline_blocks = grid_blocks;
   // The K/V come from DRAM, as in a decode step: read twice the L2 first.
   int device = 0, l2_bytes = 0, sm_count = 0;
   FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));

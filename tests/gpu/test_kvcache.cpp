@@ -13,6 +13,9 @@
 //   KvCacheTimeline.RecordsEveryBlockOnce the block timeline (--timeline): a
 //                                         start and an end for every block of
 //                                         the split kernel's grid, on real SMs
+//   KvCacheTimeline.WritesNoSlotPastItsCapacity
+//                                         blocks past block_timeline_blocks
+//                                         leave their slots alone
 // and the checks of attention_with_kvcache that read values on the host
 // (lengths, pages), which come after the device check: a rejected call
 // writes nothing.
@@ -212,6 +215,34 @@ TEST_P(KvCacheTimeline, RecordsEveryBlockOnce) {
   EXPECT_GT(summary.busy_fraction, 0.0);
   EXPECT_LE(summary.busy_fraction, 1.0);
   EXPECT_TRUE(result.passed()) << replay() << " --timeline\n" << result.format();
+}
+
+TEST_P(KvCacheTimeline, WritesNoSlotPastItsCapacity) {
+  if (!kernel_->supports_block_timeline) GTEST_SKIP() << kernel_->name << " records no block timeline";
+  const KvCacheTensors inputs = make_kvcache_inputs(spec_, at::Device(at::kCUDA, 0));
+  const ForwardOutputs outputs = poisoned_kvcache_outputs(spec_, inputs);
+  KvCacheParams params = kvcache_params(spec_, inputs, outputs.out, outputs.lse);
+  const int64_t grid = kvcache_grid_blocks(spec_, kvcache_splits(*kernel_, params), kernel_->kvcache_tile_shape(params));
+  const int64_t capacity = grid / 2;
+  // -1 in every slot of the whole grid; the blocks from `capacity` on must leave theirs.
+  const at::Tensor slots = at::full({grid * kBlockTimelineSlots}, -1, inputs.q.options().dtype(at::kLong));
+  params.block_timeline = reinterpret_cast<uint64_t*>(slots.data_ptr<int64_t>());
+  params.block_timeline_blocks = capacity;
+  run_kvcache_kernel(*kernel_, params);
+  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  const at::Tensor written = slots.cpu().view({grid, kBlockTimelineSlots});
+  const at::Tensor untouched = at::full({kBlockTimelineSlots}, -1, written.options());
+  for (int64_t block = 0; block < grid; ++block) {
+    SCOPED_TRACE("block " + std::to_string(block) + " of " + std::to_string(grid) + ", capacity " +
+                 std::to_string(capacity));
+    const at::Tensor row = written[block];
+    if (block < capacity) {
+      EXPECT_NE(row[0].item<int64_t>(), -1);
+      EXPECT_NE(row[1].item<int64_t>(), -1);
+    } else {
+      EXPECT_TRUE(at::equal(row, untouched));
+    }
+  }
 }
 
 const auto case_name = [](const auto& info) { return info.param.name; };

@@ -18,24 +18,26 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return now;
 }
 
-__device__ __forceinline__ uint64_t* block_timeline_slots(uint64_t* timeline) {
-  const uint64_t block =
-      blockIdx.x + static_cast<uint64_t>(gridDim.x) * (blockIdx.y + static_cast<uint64_t>(gridDim.y) * blockIdx.z);
-  return timeline + block * kBlockTimelineSlots;
+// This block's slots, or nullptr (no timeline, or a block past its capacity).
+__device__ __forceinline__ uint64_t* block_timeline_slots(uint64_t* timeline, int64_t capacity) {
+  if (timeline == nullptr || threadIdx.x != 0) return nullptr;
+  const int64_t block =
+      blockIdx.x + static_cast<int64_t>(gridDim.x) * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+  return block < capacity ? timeline + block * kBlockTimelineSlots : nullptr;
 }
 
-__device__ __forceinline__ void record_block_start(uint64_t* timeline) {
-  if (timeline == nullptr || threadIdx.x != 0) return;
+__device__ __forceinline__ void record_block_start(uint64_t* timeline, int64_t capacity) {
+  uint64_t* slots = block_timeline_slots(timeline, capacity);
+  if (slots == nullptr) return;
   uint32_t sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  uint64_t* slots = block_timeline_slots(timeline);
   slots[0] = global_timer_ns();
   slots[2] = sm;
 }
 
-__device__ __forceinline__ void record_block_end(uint64_t* timeline) {
-  if (timeline == nullptr || threadIdx.x != 0) return;
-  block_timeline_slots(timeline)[1] = global_timer_ns();
+__device__ __forceinline__ void record_block_end(uint64_t* timeline, int64_t capacity) {
+  uint64_t* slots = block_timeline_slots(timeline, capacity);
+  if (slots != nullptr) slots[1] = global_timer_ns();
 }
 
 }  // namespace flashlab

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   // The combine kernel (launched as a programmatic dependent) may be
   // scheduled now; it waits for this grid to complete before reading.
   pdl_launch_dependents();
-  record_block_start(p.block_timeline);
+  record_block_start(p.block_timeline, p.block_timeline_blocks);
   const int split = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockRows;  // first packed row of the block
   const int kv_head = blockIdx.z % p.kv_heads;
@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const int r = tid / kThreadsPerRow;
   const int col0 = (tid % kThreadsPerRow) * kColumns;
   const int packed = row0 + r;
-  record_block_end(p.block_timeline);
+  record_block_end(p.block_timeline, p.block_timeline_blocks);
   if (packed >= packed_rows) return;
   float merged_max = -INFINITY;
 #pragma unroll

@@ -1,5 +1,6 @@
 // LaunchGate (event_timer.h): a one-block kernel holds the stream until the
-// host opens a flag in mapped pinned memory, or until a timeout.
+// host opens a flag in mapped pinned memory and a minimum hold has passed, or
+// until a timeout.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,11 +17,11 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return now;
 }
 
-// Spins (sleeping between polls) until *open is set, or for timeout_ns; then
-// says in *expired whether it gave up.
-__global__ void hold_until_open(const volatile int* open, int* expired, uint64_t timeout_ns) {
+// Spins (sleeping between polls) until *open is set and min_hold_ns have
+// passed, or for timeout_ns; then says in *expired whether it gave up.
+__global__ void hold_until_open(const volatile int* open, int* expired, uint64_t min_hold_ns, uint64_t timeout_ns) {
   const uint64_t start = global_timer_ns();
-  while (*open == 0) {
+  while (*open == 0 || global_timer_ns() - start < min_hold_ns) {
     if (global_timer_ns() - start > timeout_ns) {
       *expired = 1;
       return;
@@ -42,7 +43,7 @@ LaunchGate::~LaunchGate() { cudaFreeHost(flags_); }
 
 void LaunchGate::close(cudaStream_t stream) {
   reinterpret_cast<volatile int*>(flags_)[0] = 0;
-  hold_until_open<<<1, 1, 0, stream>>>(device_flags_, device_flags_ + 1, kTimeoutNs);
+  hold_until_open<<<1, 1, 0, stream>>>(device_flags_, device_flags_ + 1, kMinHoldNs, kTimeoutNs);
   FLASHLAB_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,7 +1,8 @@
 // LaunchGate and EventTimer (the benchmark's timing): work behind a closed
-// gate waits for open(); a gate nobody opens lets the stream through after its
-// timeout and says so; with the gate, a host that stalls while enqueueing a
-// timed call no longer stretches the timed window.
+// gate waits for open() and at least the gate's minimum hold; a gate nobody
+// opens lets the stream through after its timeout and says so; with the gate,
+// a host that stalls while enqueueing a timed call no longer stretches the
+// timed window.
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -31,6 +32,25 @@ TEST(LaunchGate, HoldsTheStreamUntilOpened) {
   FLASHLAB_CUDA_CHECK(cudaEventSynchronize(passed));
   EXPECT_FALSE(gate.expired());
   FLASHLAB_CUDA_CHECK(cudaEventDestroy(passed));
+}
+
+TEST(LaunchGate, HoldsTheStreamForItsMinimumEvenWhenOpenedAtOnce) {
+  FLASHLAB_REQUIRE_GPU();
+  LaunchGate gate;
+  cudaEvent_t before, after;
+  FLASHLAB_CUDA_CHECK(cudaEventCreate(&before));
+  FLASHLAB_CUDA_CHECK(cudaEventCreate(&after));
+  FLASHLAB_CUDA_CHECK(cudaEventRecord(before, current_stream()));
+  gate.close(current_stream());
+  gate.open();
+  FLASHLAB_CUDA_CHECK(cudaEventRecord(after, current_stream()));
+  FLASHLAB_CUDA_CHECK(cudaEventSynchronize(after));
+  float held_ms = 0;
+  FLASHLAB_CUDA_CHECK(cudaEventElapsedTime(&held_ms, before, after));
+  EXPECT_GE(held_ms, 0.95f * LaunchGate::kMinHoldNs * 1e-6f) << "an open gate let the stream through at once";
+  EXPECT_FALSE(gate.expired());
+  FLASHLAB_CUDA_CHECK(cudaEventDestroy(before));
+  FLASHLAB_CUDA_CHECK(cudaEventDestroy(after));
 }
 
 TEST(LaunchGate, LetsTheStreamThroughAfterItsTimeoutAndSaysSo) {

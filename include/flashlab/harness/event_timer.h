@@ -12,12 +12,19 @@ namespace flashlab {
 // Holds a stream until the host opens it: what is enqueued behind a closed
 // gate starts only once the host is done enqueueing it, so a host that falls
 // behind (descheduled, slow to dispatch) cannot leave the device idle inside
-// a timed window. A held stream waits at most kTimeoutNs: a call that blocks
-// on the device while the gate is closed (a synchronizing allocation, a
-// copy to the host) is let through then, and expired() says so. For calls
-// that only enqueue work (the benchmark's timed calls).
+// a timed window. The hold also lasts at least kMinHoldNs, so what runs
+// behind it starts as long after the work before it (the benchmark's L2
+// flush) whether its host is fast or slow: on the H100 a call that started
+// right behind the flush, as a fast host's did, took 0.2-1 us longer than
+// the same call behind a 20-300 us hold (flashlab-bench --decode, session
+// 16), while torch's calls, 100 us or more of host dispatch, never started
+// sooner than that. A held stream waits at most kTimeoutNs: a call that
+// blocks on the device while the gate is closed (a synchronizing
+// allocation, a copy to the host) is let through then, and expired() says
+// so. For calls that only enqueue work (the benchmark's timed calls).
 class LaunchGate {
  public:
+  static constexpr unsigned long long kMinHoldNs = 50'000;       // 50 us
   static constexpr unsigned long long kTimeoutNs = 200'000'000;  // 0.2 s
   LaunchGate();
   ~LaunchGate();

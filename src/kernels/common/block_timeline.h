@@ -3,7 +3,9 @@
 // src/harness/block_timeline.cpp). A memory-bound grid that gives every SM
 // the same bytes still ends unevenly (on the H100 some SMs stream faster than
 // others); the timeline shows how long SMs sit idle before the last block ends.
-// Thread 0 of a block writes; a null timeline costs one uniform branch.
+// Thread 0 of a block writes. A kernel calls these only in an instantiation
+// made for a timeline (splitkv_kernel's kTimeline): even never taken, a null
+// check in the common path slowed a latency-bound ring by 6%.
 #pragma once
 
 #include <cstdint>

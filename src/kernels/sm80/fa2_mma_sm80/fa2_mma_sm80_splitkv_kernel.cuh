@@ -39,7 +39,8 @@
 // multiple of 16; 16-byte aligned pointers and strides that are multiples of 8
 // elements (cp.async); seqlen_q x (heads / kv_heads) packed rows in tiles of
 // 16 re-read K/V once per tile, so this path suits small seqlen_q (decoding);
-// no tile trace (a block timeline instead: common/block_timeline.h).
+// no tile trace (a block timeline instead: common/block_timeline.h, compiled
+// into a second instantiation of the split kernel, launched only with one).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -112,7 +113,11 @@ __device__ __forceinline__ int64_t partial_row(const KvCacheParams& p, int split
   return ((static_cast<int64_t>(split) * p.batch + batch) * p.heads + head) * p.seqlen_q + query;
 }
 
-template <class Tr, typename Element>
+// kTimeline: the instantiation launched with a block timeline (the hooks
+// compiled in); the one launched without has none. Hooks behind a run-time
+// null check alone made the deep ring at head_dim 64 5.6-6.4% slower (batch 8
+// x 8k / 32k, H100, session 16), though they ran no instruction but a branch.
+template <class Tr, typename Element, bool kTimeline>
 __global__ void __launch_bounds__(Tr::kThreads)
     splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits) {
   constexpr int kD = Tr::kHeadDim;
@@ -131,7 +136,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   // The combine kernel (launched as a programmatic dependent) may be
   // scheduled now; it waits for this grid to complete before reading.
   pdl_launch_dependents();
-  record_block_start(p.block_timeline, p.block_timeline_blocks);
+  if constexpr (kTimeline) record_block_start(p.block_timeline, p.block_timeline_blocks);
   const int split = blockIdx.x;
   const int row0 = blockIdx.y * Tr::kBlockRows;  // first packed row of the block
   const int kv_head = blockIdx.z % p.kv_heads;
@@ -366,7 +371,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const int r = tid / kThreadsPerRow;
   const int col0 = (tid % kThreadsPerRow) * kColumns;
   const int packed = row0 + r;
-  record_block_end(p.block_timeline, p.block_timeline_blocks);
+  if constexpr (kTimeline) record_block_end(p.block_timeline, p.block_timeline_blocks);
   if (packed >= packed_rows) return;
   float merged_max = -INFINITY;
 #pragma unroll
@@ -523,7 +528,8 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
     const int64_t rows = static_cast<int64_t>(params.batch) * params.heads * params.seqlen_q;
     float* o_partial = num_splits > 1 ? static_cast<float*>(params.workspace) : nullptr;
     float* lse_partial = num_splits > 1 ? o_partial + num_splits * rows * kD : nullptr;
-    auto kernel = splitkv_kernel<Tr, Element>;
+    auto kernel = params.block_timeline != nullptr ? splitkv_kernel<Tr, Element, true>
+                                                   : splitkv_kernel<Tr, Element, false>;
     if constexpr (Tr::kSmemBytes > 48 * 1024) {
       FLASHLAB_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));

@@ -262,7 +262,7 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                     flashlab::parse_choice<bool>("--torch-layout", v, {{"bhsd", true}, {"cache", false}});
                 decode_only.push_back("--torch-layout");
               })
-      .option("--samples", "N", "--decode: timed calls per row, after 3 warm-ups (default 100)",
+      .option("--samples", "N", "--decode: timed calls per row, after at least 3 warm-ups\nand 50 ms of them (default 100)",
               [&](const std::string& v) {
                 config.samples = parse_int("--samples", v, 1, kIntMax);
                 decode_only.push_back("--samples");
@@ -656,8 +656,9 @@ void print_summary(const BenchConfig& config) {
 // the timed path's own output, poisoned with NaN first): a wrong result is
 // reported and not timed.
 //
-// Timing: CUDA events around each call on the current stream (EventTimer), 3
-// warm-ups, --samples timed calls, the median. With --flush-l2 on (default)
+// Timing: CUDA events around each call on the current stream (EventTimer),
+// warm-ups (at least 3 calls and 50 ms: warm_up_decode_row), --samples timed
+// calls, the median. With --flush-l2 on (default)
 // every timed call is preceded, outside the events, by a read of a buffer 4x
 // the L2 size: K/V then come from DRAM, as in a real decode step where the
 // other layers ran in between. Then a LaunchGate holds the stream until the
@@ -790,6 +791,23 @@ void make_torch_inputs(DecodeInputs& in, bool bhsd) {
   in.torch_q = q;  // last: the mark that they are made
 }
 
+// Untimed calls before a row's samples: at least 3, and for at least
+// kDecodeWarmup of wall time. A row timed right after the case's set-up (the
+// first, ours) had found the device idle, while torch's rows came after their
+// own set-up (the (B, H, L, D) copies of K/V) and after the rows before
+// them: on the H100 (session 16, call 15) cuDNN's batch 32 x 1k took
+// 49.86-49.95 us timed after flashlab's row and 50.56-50.75 us timed first
+// (alone in its process); flashlab's 51.04-51.39 either way.
+constexpr std::chrono::milliseconds kDecodeWarmup{50};
+
+void warm_up_decode_row(const std::function<void()>& call) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int calls = 0; calls < 3 || std::chrono::steady_clock::now() - start < kDecodeWarmup; ++calls) {
+    call();
+    FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
 struct DecodeCall {
   std::function<void()> call;        // what is timed
   std::function<at::Tensor()> run;   // one untimed call: its output as (batch, heads, head_dim)
@@ -912,8 +930,7 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
     if (!failure.empty()) throw std::runtime_error(failure);
     EventTimer timer;
     LaunchGate gate;
-    for (int warmup = 0; warmup < 3; ++warmup) call.call();
-    FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+    warm_up_decode_row(call.call);
     std::vector<float> times;
     int expired = 0;
     for (auto _ : state) {

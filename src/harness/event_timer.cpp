@@ -1,5 +1,6 @@
 #include "flashlab/harness/event_timer.h"
 
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -7,6 +8,18 @@
 #include "flashlab/cuda_check.h"
 
 namespace flashlab {
+
+L2Flush::L2Flush() {
+  int device = 0, l2_bytes = 0;
+  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  const int64_t bytes = std::max<int64_t>(int64_t(256) << 20, int64_t(4) * l2_bytes);
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device);
+  buffer_ = at::zeros({bytes / 4}, options);
+  sum_ = at::empty({}, options);
+}
+
+void L2Flush::operator()() { at::sum_out(sum_, buffer_); }
 
 EventTimer::EventTimer() {
   FLASHLAB_CUDA_CHECK(cudaEventCreate(&start_));

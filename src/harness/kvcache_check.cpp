@@ -518,13 +518,10 @@ BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams p
   const at::Tensor slots = at::zeros({grid_blocks * kBlockTimelineSlots}, on_gpu.dtype(at::kLong));
   params.block_timeline = reinterpret_cast<uint64_t*>(slots.data_ptr<int64_t>());
   params.block_timeline_blocks = grid_blocks;
-  // The K/V come from DRAM, as in a decode step: read twice the L2 first.
-  int device = 0, l2_bytes = 0, sm_count = 0;
+  int device = 0, sm_count = 0;
   FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
   FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  const at::Tensor flush = at::ones({2 * static_cast<int64_t>(l2_bytes) / 4 + 1}, on_gpu.dtype(at::kInt));
-  (void)flush.sum();
+  L2Flush{}();  // the K/V come from DRAM, as in a decode step (and in flashlab-bench --decode)
   run_kvcache_kernel(kernel, params);
   FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
   const at::Tensor host = slots.to(at::kCPU);

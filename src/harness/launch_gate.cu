@@ -5,17 +5,12 @@
 
 #include <cstdint>
 
+#include "common/global_timer.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/harness/event_timer.h"
 
 namespace flashlab {
 namespace {
-
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  return now;
-}
 
 // Spins (sleeping between polls) until *open is set and min_hold_ns have
 // passed, or for timeout_ns; then says in *expired whether it gave up.

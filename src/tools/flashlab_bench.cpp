@@ -715,12 +715,8 @@ double measure_copy_gbps(size_t bytes) {
   return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
 }
 
-// Reads a buffer 4x the L2 size (at least 256 MiB) into one float: afterwards
-// L2 holds clean lines of that buffer and nothing of the next call's inputs.
-struct L2Flush {
-  at::Tensor buffer, sum;
-  void operator()() { at::sum_out(sum, buffer); }
-} l2_flush;
+// --flush-l2's flush (made once in run_decode when the flag is on).
+std::optional<flashlab::L2Flush> l2_flush;
 
 // float32 attention of one sequence: q (heads, head_dim) over k, v (keys,
 // kv_heads, head_dim); query head h uses kv head h / (heads / kv_heads).
@@ -934,7 +930,7 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
     std::vector<float> times;
     int expired = 0;
     for (auto _ : state) {
-      if (config.flush_l2) l2_flush();  // before the start event: not timed
+      if (l2_flush) (*l2_flush)();  // before the start event: not timed
       const float ms = timer.time_ms(call.call, &gate);
       expired += gate.expired();
       times.push_back(ms);
@@ -1014,14 +1010,9 @@ void print_decode_summary(const BenchConfig& config) {
 }
 
 // --decode in place of the forward benchmark; returns the exit code.
-int run_decode(const BenchConfig& config, const cudaDeviceProp& properties) {
+int run_decode(const BenchConfig& config) {
   copy_gbps = measure_copy_gbps(kCopyBytes);
-  if (config.flush_l2) {
-    const int64_t bytes = std::max<int64_t>(int64_t(256) << 20, int64_t(4) * properties.l2CacheSize);
-    const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0);
-    l2_flush.buffer = at::zeros({bytes / 4}, options);
-    l2_flush.sum = at::empty({}, options);
-  }
+  if (config.flush_l2) l2_flush.emplace();
   c10::cuda::CUDACachingAllocator::emptyCache();
   size_t free_bytes = 0, total_bytes = 0;
   FLASHLAB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -1102,7 +1093,7 @@ int run_decode(const BenchConfig& config, const cudaDeviceProp& properties) {
   benchmark::Shutdown();
   print_decode_summary(config);
   decode_current = {};  // device memory goes back before the CUDA context does
-  l2_flush = {};
+  l2_flush.reset();
   return 0;
 }
 
@@ -1133,7 +1124,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp properties{};
   FLASHLAB_CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
   benchmark::AddCustomContext("gpu", properties.name);
-  if (config.decode) return run_decode(config, properties);
+  if (config.decode) return run_decode(config);
   if (config.sweep) {
     benchmark::AddCustomContext("sweep", "tuning_kernels");
     check_tuning_kernels(config);

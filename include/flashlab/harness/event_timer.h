@@ -2,6 +2,7 @@
 // flashlab-run, flashlab-bench and flashlab-info share.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <cuda_runtime.h>
 
 #include <functional>
@@ -38,6 +39,19 @@ class LaunchGate {
  private:
   int* flags_ = nullptr;         // mapped pinned memory: [0] open, [1] the hold expired
   int* device_flags_ = nullptr;  // the same, as the device sees it
+};
+
+// Reads a buffer 4x the L2 size (at least 256 MiB, allocated once on the
+// current device) into one float on the current stream: afterwards L2 holds
+// clean lines of that buffer and nothing of the next call's inputs, so a
+// decode step's K/V come from DRAM, as after a model's other layers.
+class L2Flush {
+ public:
+  L2Flush();
+  void operator()();
+
+ private:
+  at::Tensor buffer_, sum_;
 };
 
 class EventTimer {

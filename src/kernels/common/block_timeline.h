@@ -10,15 +10,10 @@
 
 #include <cstdint>
 
+#include "common/global_timer.h"
 #include "flashlab/kernel_params.h"
 
 namespace flashlab {
-
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  return now;
-}
 
 // This block's slots, or nullptr (no timeline, or a block past its capacity).
 __device__ __forceinline__ uint64_t* block_timeline_slots(uint64_t* timeline, int64_t capacity) {
@@ -31,10 +26,8 @@ __device__ __forceinline__ uint64_t* block_timeline_slots(uint64_t* timeline, in
 __device__ __forceinline__ void record_block_start(uint64_t* timeline, int64_t capacity) {
   uint64_t* slots = block_timeline_slots(timeline, capacity);
   if (slots == nullptr) return;
-  uint32_t sm;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
   slots[0] = global_timer_ns();
-  slots[2] = sm;
+  slots[2] = sm_id();
 }
 
 __device__ __forceinline__ void record_block_end(uint64_t* timeline, int64_t capacity) {

@@ -3,7 +3,9 @@
 // on a short cache, narrow on a long one, one split, two from 64k keys at
 // head_dim 128 and up), blocks that hold enough in flight on part of it
 // (deep, one split; from head_dim 128 up to a cache size), and few blocks
-// (wide, split to about one block per multiprocessor).
+// (wide, split to about one block per multiprocessor); on sm_90 the grids of
+// at most one block for every two multiprocessors run as clusters of kv heads
+// (kvcache_cluster_size).
 // No GPU: host arithmetic over the current device's multiprocessor count (132
 // without one).
 #include <gtest/gtest.h>
@@ -124,6 +126,32 @@ TEST(KvCacheTiling, EveryHeadDimGetsASplitCountInRangeAndOneSplitWhenDeep) {
         EXPECT_LE(splits, fa2_mma_sm80::kvcache_max_splits(step));
         if (fa2_mma_sm80::kvcache_tiling(step) == KvTiling::kDeep) EXPECT_EQ(splits, 1);
       }
+}
+
+TEST(KvCacheTiling, GridsOfAtMostOneBlockForEveryTwoSmsRunAsClustersOfKvHeadsOnSm90) {
+  if (sms() < 128) GTEST_SKIP() << "needs at least 128 multiprocessors (64-block grids); this device has " << sms();
+  const auto on = [](KvCacheParams params, int compute_capability) {
+    params.device_compute_capability = compute_capability;
+    return params;
+  };
+  // Batch 8 on deep rings: 64 blocks, one split; the 8 kv heads of a sequence a cluster.
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 90), 1), 8);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 80), 1), 1) << "no clusters before sm_90";
+  // The same grid with two splits (128 blocks) or a batch that fills the GPU: plain.
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 90), 2), 1);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(filling_batch(), 1024), 90), 1), 1);
+  // Batch 1 x 1k takes 8 splits of 8 kv heads (64 blocks); from 4k about one block per SM.
+  const KvCacheParams short_cache = on(decode_step(1, 1024), 90), long_cache = on(decode_step(1, 4096), 90);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(short_cache, fa2_mma_sm80::kvcache_num_splits(short_cache)), 8);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(long_cache, fa2_mma_sm80::kvcache_num_splits(long_cache)), 1);
+  // The largest of 8 / 4 / 2 that divides batch x kv_heads (the grid's z).
+  KvCacheParams odd = on(decode_step(3, 1024), 90);
+  odd.kv_heads = 2, odd.heads = 8;  // z = 6
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(odd, 1), 2);
+  odd.kv_heads = 4, odd.heads = 8;  // z = 12
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(odd, 1), 4);
+  odd.kv_heads = 1, odd.heads = 7;  // z = 3: MQA over an odd batch
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(odd, 1), 1);
 }
 
 }  // namespace

@@ -362,6 +362,10 @@ int kvcache_splits_used(const KvCacheParams& params);
 TileShape kvcache_tile_shape(const KvCacheParams& params);
 // The tiling a launch uses (the rule: fa2_mma_sm80_kvcache.cpp).
 KvTiling kvcache_tiling(const KvCacheParams& params);
+// Blocks of kv heads a launch groups as one thread-block cluster (sm_90;
+// 1: a plain launch), the split kernel running one block per SM. The rule:
+// fa2_mma_sm80_kvcache.cpp.
+int kvcache_cluster_size(const KvCacheParams& params, int num_splits);
 // The registry's launch hook: launch_kvcache_tiled for params.head_dim.
 void kvcache_launch(const KvCacheParams& params);
 

@@ -33,7 +33,10 @@
 // 4 x 3 or 8 x 3 up to head_dim 128 (4 x 3 at 256); 16 packed rows a block,
 // 16-key chunks. K/V chunks sit in swizzled rows at head dims 64/128/256
 // (whole 128-byte segments a cp.async), padded at 32/96. The tiling and the
-// split count come from the host heuristic (fa2_mma_sm80_kvcache.cpp).
+// split count come from the host heuristic (fa2_mma_sm80_kvcache.cpp), as
+// does the launch shape of a small grid on sm_90 (at most one block for
+// every two SMs): thread-block clusters of kv heads, one block an SM, so the
+// blocks spread over the GPU (launch_in_clusters).
 //
 // Limits: fp16 / bf16, head_dim in HeadDims; paged caches with page_size a
 // multiple of 16; 16-byte aligned pointers and strides that are multiples of 8
@@ -47,6 +50,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "common/block_timeline.h"
@@ -513,6 +518,47 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
   if (p.lse != nullptr && lane == 0) p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
 }
 
+// Clusters of 2 / 4 / 8 blocks of one kernel resident at once, per device
+// (cudaOccupancyMaxActiveClusters, asked once; 0: not asked yet).
+constexpr int kMaxCachedDevices = 16;
+using ResidentClusters = std::atomic<int>[kMaxCachedDevices][3];
+
+// Launches kernel as clusters of cluster_size blocks along the grid's z (kv
+// heads), with the shared memory of one block an SM (a cluster whose blocks
+// could share an SM would not spread over the GPU), and returns true; false,
+// launching nothing, where the clusters would not all be resident at once.
+template <class Kernel, class... Args>
+bool launch_in_clusters(Kernel kernel, ResidentClusters& resident, dim3 grid, int threads, int smem_bytes,
+                        int cluster_size, cudaStream_t stream, Args... args) {
+  const int one_per_sm_bytes = std::max(smem_bytes, shared_memory_per_multiprocessor() / 2);
+  FLASHLAB_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, one_per_sm_bytes));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = one_per_sm_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = 1;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = cluster_size;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int device = 0;
+  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  const int size_index = cluster_size == 2 ? 0 : cluster_size == 4 ? 1 : 2;
+  int clusters = device < kMaxCachedDevices ? resident[device][size_index].load(std::memory_order_relaxed) : 0;
+  if (clusters == 0) {
+    // An error here (no cluster support) reads as none resident: a plain launch.
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = -1;
+    if (device < kMaxCachedDevices) resident[device][size_index].store(clusters, std::memory_order_relaxed);
+  }
+  if (static_cast<int64_t>(clusters) * cluster_size < static_cast<int64_t>(grid.x) * grid.y * grid.z) return false;
+  FLASHLAB_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  return true;
+}
+
 template <class Tr>
 void launch_kvcache(const KvCacheParams& params, int num_splits) {
   constexpr int kD = Tr::kHeadDim;
@@ -530,14 +576,21 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
     float* lse_partial = num_splits > 1 ? o_partial + num_splits * rows * kD : nullptr;
     auto kernel = params.block_timeline != nullptr ? splitkv_kernel<Tr, Element, true>
                                                    : splitkv_kernel<Tr, Element, false>;
-    if constexpr (Tr::kSmemBytes > 48 * 1024) {
-      FLASHLAB_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-    }
     const int packed_rows = params.seqlen_q * (params.heads / params.kv_heads);
     const dim3 grid(num_splits, (packed_rows + Tr::kBlockRows - 1) / Tr::kBlockRows,
                     params.batch * params.kv_heads);
-    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits);
+    static ResidentClusters resident_clusters[2];  // without and with the timeline hooks
+    const int cluster_size = kvcache_cluster_size(params, num_splits);
+    if (cluster_size == 1 ||
+        !launch_in_clusters(kernel, resident_clusters[params.block_timeline != nullptr], grid, Tr::kThreads,
+                            Tr::kSmemBytes, cluster_size, stream, static_cast<const KvCacheParams&>(params),
+                            o_partial, lse_partial, num_splits)) {
+      if constexpr (Tr::kSmemBytes > 48 * 1024) {  // (a cluster launch may have raised it)
+        FLASHLAB_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+      }
+      kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits);
+    }
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV)", params);
     if (num_splits > 1) {
       // A programmatic dependent launch on sm_90 (its launch overlaps the

@@ -137,6 +137,10 @@ TEST(KvCacheTiling, GridsOfAtMostOneBlockForEveryTwoSmsRunAsClustersOfKvHeadsOnS
   // Batch 8 on deep rings: 64 blocks, one split; the 8 kv heads of a sequence a cluster.
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 90), 1), 8);
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 80), 1), 1) << "no clusters before sm_90";
+  KvCacheParams paged = on(decode_step(8, 8192), 90);
+  const int table[] = {0};
+  paged.block_table = table, paged.page_size = 256;
+  EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(paged, 1), 1) << "a paged cache launches plain";
   // The same grid with two splits (128 blocks) or a batch that fills the GPU: plain.
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 90), 2), 1);
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(filling_batch(), 1024), 90), 1), 1);

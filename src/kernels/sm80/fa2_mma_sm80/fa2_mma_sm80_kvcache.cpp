@@ -37,17 +37,19 @@
 // The keys are the cache's capacity (seqlen_k), not the current lengths: the
 // lengths live on the device and a launch must not wait for them.
 //
-// Clusters (kvcache_cluster_size, sm_90). A grid of at most one block for
-// every two SMs (batch 8 on deep rings, batch 1 x 1k: 64 blocks on the
-// H100's 132 SMs) runs as thread-block clusters of up to 8 consecutive kv
-// heads, one block an SM. A cluster sits in one GPC and the clusters go to
-// different GPCs, so the streaming blocks share the GPCs evenly (the likely
-// reason; where the hardware puts a plain grid's blocks is not documented).
-// H100, 32/8 and 64/8 heads, three rounds (session 17, calls 4-5): batch 8 x
-// 4k / 8k 50.9-51.9 / 94.1-95.7 us -> 49.9-51.3 / 92.3-93.4, batch 1 x 1k
-// 11.46 -> 11.30-11.39 (64/8); clusters that may stack two blocks on an SM,
-// or 128-block grids (batch 1 from 4k, batch 8 x 32k), were slower: 15.2 ->
-// 15.6 us at batch 1 x 4k, 351 -> 360 at batch 8 x 32k.
+// Clusters (kvcache_cluster_size, sm_90, contiguous caches). A grid of at
+// most one block for every two SMs (batch 8 on deep rings, batch 1 x 1k: 64
+// blocks on the H100's 132 SMs) runs as thread-block clusters of up to 8
+// consecutive kv heads, one block an SM. A cluster sits in one GPC and the
+// clusters go to different GPCs, so the streaming blocks share the GPCs
+// evenly (the likely reason; where the hardware puts a plain grid's blocks is
+// not documented). H100, same-run A/B against plain launches (session 17,
+// call 7, three rounds, 32/8 and 64/8 heads): batch 8 x 4k / 8k 50.8-51.2 /
+// 94.2-94.9 -> 49.9-50.3 / 92.2-93.5 us, batch 1 x 1k at 64/8 11.46-11.49 ->
+// 11.30-11.33. Not for a paged cache, which clusters made slower (batch 8 x
+// 8k 97.8-100.5 -> 99.7-102.9 us; why is not measured), nor where a cluster
+// may stack two blocks on an SM or the grid has 128 blocks (calls 3-5: batch
+// 1 x 4k 15.2 -> 15.6 us, batch 8 x 32k 351 -> 360).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -198,7 +200,7 @@ KvTiling fa2_mma_sm80::kvcache_tiling(const KvCacheParams& params) {
 }
 
 int fa2_mma_sm80::kvcache_cluster_size(const KvCacheParams& params, int num_splits) {
-  if (params.device_compute_capability < 90) return 1;
+  if (params.device_compute_capability < 90 || params.is_paged()) return 1;
   if (row_tile_blocks(params) * num_splits * 2 > multiprocessor_count()) return 1;
   const int64_t kv_blocks = static_cast<int64_t>(params.batch) * params.kv_heads;  // the grid's z
   for (const int size : {8, 4, 2})

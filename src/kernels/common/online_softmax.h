@@ -16,7 +16,11 @@
 // device; the reductions across threads (shuffles) stay with the kernel.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "flashlab/kernel_params.h"
 
@@ -49,6 +53,28 @@ FLASHLAB_HOST_DEVICE inline float online_softmax_rescale(float& row_max, float n
 template <class Exp>
 FLASHLAB_HOST_DEVICE inline float softmax_probability(float score, float scale, float offset, Exp exp) {
   return exp(fmaf(score, scale, -offset));
+}
+
+// The row sum l with the max's own term as O = P V saw it: P V takes each p
+// rounded to the element type, l sums it in float32, and the max's p is not
+// exactly 1 (exp of the rounding of offset in the fused exponent, up to 2e-3
+// for scores of 4e4 in exponent units). In a nearly one-hot row (huge scores)
+// that term is all there is, and the mismatch made the output one fp16 ulp
+// off where torch's math path is exact (LargeScores: 3 of 48 fresh-seed runs
+// failed, fa2 and fa3, H100, session 17). The max's term recomputed here is
+// bitwise the kernel's (same operands, same exp); a few instructions a row.
+// Exact exponents for every score, exp(scale * (s - m)), cost fa3 2-6%.
+template <typename Element, class Exp>
+FLASHLAB_HOST_DEVICE inline float row_sum_as_pv_saw_it(float row_sum, float row_max, float scale, Exp exp) {
+  if (row_max == -INFINITY) return row_sum;
+  const float max_term = softmax_probability(row_max, scale, softmax_offset(row_max, scale), exp);
+  float rounded;
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    rounded = __bfloat162float(__float2bfloat16_rn(max_term));
+  } else {
+    rounded = __half2float(__float2half_rn(max_term));
+  }
+  return row_sum - max_term + rounded;
 }
 
 struct SoftmaxResult {

@@ -351,6 +351,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
       float sum = row_sum[mt][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum = row_sum_as_pv_saw_it<Element>(sum, row_max[mt][h], scale_log2, exp2);
       const SoftmaxResult result = online_softmax_finish(row_max[mt][h], sum, p.softmax_scale);
 #pragma unroll
       for (int n = 0; n < kOTiles; ++n) {

@@ -390,6 +390,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
     weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
     merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
   }
+  // The max's warp weighs 1 exactly (exp2(0)): its max term is the one P V saw.
+  merged_sum = row_sum_as_pv_saw_it<Element>(merged_sum, merged_max, scale_log2, exp2);
   const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
   const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
   float values[kColumns];

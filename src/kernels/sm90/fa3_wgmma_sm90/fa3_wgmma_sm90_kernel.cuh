@@ -474,6 +474,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       float sum = row_sum[h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
       const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
       const float inv_sum = result.inverse_sum;
       const int row = t.q0 + warp_row0 + group + h * 8;

@@ -8,7 +8,8 @@
 //   c = online_softmax_rescale(m, m', scale, offset, exp)   (m becomes m')
 //   l = l * c + sum_j p_j,  O = O * c + sum_j p_j v_j,  p_j = softmax_probability(s_j, scale, offset, exp)
 // and at the end online_softmax_finish gives 1/l and the LSE, 0 and -inf for a
-// row that saw no key.
+// row that saw no key (after row_sum_as_pv_saw_it in kernels whose P V takes
+// p in the element type).
 //
 // `scale` multiplies scores into the exponent's units and `exp` is the matching
 // exponential: 1 and expf for scores already multiplied by softmax_scale (fa1),

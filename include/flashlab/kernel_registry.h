@@ -146,6 +146,10 @@ struct KernelVariant {
   // The split kernel's tiles: block_q packed rows (query rows x the query heads
   // of one kv head), block_k keys per step.
   TileShape (*kvcache_tile_shape)(const KvCacheParams& params) = nullptr;
+  // How the launch runs params (params.num_splits as it will be launched): its
+  // configuration, grid and launch shape in words, for reports (flashlab-run
+  // --kvcache); nullptr: the kernel does not say.
+  std::string (*kvcache_launch_summary)(const KvCacheParams& params) = nullptr;
   // The split kernel writes KvCacheParams::block_timeline (the blocks below
   // block_timeline_blocks); its grid is splits x packed-row tiles
   // (kvcache_tile_shape's block_q) x batch x kv_heads.

@@ -552,6 +552,7 @@ KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& ch
   result.workspace_bytes = kernel.kvcache_workspace_bytes != nullptr
                                ? static_cast<int64_t>(kernel.kvcache_workspace_bytes(launched))
                                : 0;
+  if (kernel.kvcache_launch_summary != nullptr) result.launch = kernel.kvcache_launch_summary(launched);
   result.cached_lengths = inputs.cached_lengths();
   result.tolerance = tolerance;
   KvCacheComparison comparison = compare_kvcache(spec, inputs, outputs, expected, tolerance);
@@ -585,8 +586,9 @@ std::string KvCacheCheckResult::format() const {
        << "problem " << problem << "\n"
        << "num_splits " << num_splits
        << (num_splits_chosen ? " (the kernel's heuristic)" : " (as given)") << " of at most " << max_splits
-       << ", workspace " << workspace_bytes << " bytes\n"
-       << "torch same-precision math error " << tolerance.out.same_precision_err << ", rounding atol "
+       << ", workspace " << workspace_bytes << " bytes\n";
+  if (!launch.empty()) text << "launch  " << launch << "\n";
+  text << "torch same-precision math error " << tolerance.out.same_precision_err << ", rounding atol "
        << tolerance.out.rounding_atol << " -> output tolerance " << out.tolerance
        << " (2 x math error + flash-attn's fwd_atol + 4 float32 ulps)\n"
        << out.format() << out_context << lse.format() << lse_context << k_cache.format()
@@ -602,7 +604,8 @@ std::string KvCacheCheckResult::to_json() const {
   text << "{\"passed\": " << json::boolean(passed()) << ", \"kernel\": " << json::string(kernel)
        << ", \"problem\": " << json::string(problem) << ", \"num_splits\": " << num_splits
        << ", \"num_splits_chosen\": " << json::boolean(num_splits_chosen) << ", \"max_splits\": " << max_splits
-       << ", \"workspace_bytes\": " << workspace_bytes << ", \"block_q\": " << tiles.block_q
+       << ", \"workspace_bytes\": " << workspace_bytes
+       << ", \"launch\": " << (launch.empty() ? "null" : json::string(launch)) << ", \"block_q\": " << tiles.block_q
        << ", \"block_k\": " << tiles.block_k << ", \"max_abs_err\": " << json::number(out.max_abs_error)
        << ", \"ref_err\": " << json::number(tolerance.out.same_precision_err)
        << ", \"tolerance\": " << json::number(out.tolerance) << ", \"out\": " << out.to_json()

@@ -158,5 +158,31 @@ TEST(KvCacheTiling, GridsOfAtMostOneBlockForEveryTwoSmsRunAsClustersOfKvHeadsOnS
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(odd, 1), 1);
 }
 
+TEST(KvCacheTiling, TheLaunchSummaryNamesTheTilingTheGridAndTheLaunchShape) {
+  if (sms() < 128) GTEST_SKIP() << "needs at least 128 multiprocessors (64-block grids); this device has " << sms();
+  KvCacheParams batch8 = decode_step(8, 8192);
+  batch8.device_compute_capability = 90;
+  const std::string deep = fa2_mma_sm80::kvcache_launch_summary(batch8);
+  EXPECT_NE(deep.find("deep tiling (8 warps x 3 ring stages of 16-key chunks"), std::string::npos) << deep;
+  EXPECT_NE(deep.find("grid 1 split x 1 packed-row tile x 64 (batch x kv heads) = 64 blocks"), std::string::npos)
+      << deep;
+  EXPECT_NE(deep.find("in clusters of 8 kv heads"), std::string::npos) << deep;
+  EXPECT_EQ(deep.find("combine"), std::string::npos) << deep;
+
+  KvCacheParams batch1 = decode_step(1, 8192);
+  batch1.device_compute_capability = 80;
+  const int splits = fa2_mma_sm80::kvcache_num_splits(batch1);
+  const std::string wide = fa2_mma_sm80::kvcache_launch_summary(batch1);
+  EXPECT_NE(wide.find("wide tiling (4 warps x 3 ring stages"), std::string::npos) << wide;
+  EXPECT_NE(wide.find("grid " + std::to_string(splits) + " splits x 1 packed-row tile x 8"), std::string::npos)
+      << wide;
+  EXPECT_EQ(wide.find("clusters"), std::string::npos) << "no clusters before sm_90: " << wide;
+  EXPECT_NE(wide.find("then the combine kernel"), std::string::npos) << wide;
+
+  KvCacheParams odd_head_dim = decode_step(1, 8192, 48);
+  EXPECT_EQ(fa2_mma_sm80::kvcache_launch_summary(odd_head_dim).rfind("none (", 0), 0u)
+      << fa2_mma_sm80::kvcache_launch_summary(odd_head_dim);
+}
+
 }  // namespace
 }  // namespace flashlab

@@ -229,6 +229,7 @@ struct KvCacheCheckResult {
   bool num_splits_chosen = false;  // by the kernel's heuristic (spec.num_splits 0)
   int max_splits = 0;      // kvcache_max_splits
   int64_t workspace_bytes = 0;
+  std::string launch;      // kvcache_launch_summary (empty: the kernel does not say)
   std::vector<int64_t> cached_lengths;  // per sequence, before the append
   ForwardTolerance tolerance;
   ComparisonReport out, lse;

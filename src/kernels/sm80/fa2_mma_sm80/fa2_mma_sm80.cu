@@ -328,6 +328,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.kvcache_launch = fa2_mma_sm80::kvcache_launch;
   variant.supports_block_timeline = true;  // fa2_mma_sm80_splitkv_kernel.cuh
   variant.kvcache_tile_shape = fa2_mma_sm80::kvcache_tile_shape;
+  variant.kvcache_launch_summary = fa2_mma_sm80::kvcache_launch_summary;
   return variant;
 }
 

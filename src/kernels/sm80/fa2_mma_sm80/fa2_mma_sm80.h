@@ -366,6 +366,9 @@ KvTiling kvcache_tiling(const KvCacheParams& params);
 // 1: a plain launch), the split kernel running one block per SM. The rule:
 // fa2_mma_sm80_kvcache.cpp.
 int kvcache_cluster_size(const KvCacheParams& params, int num_splits);
+// The launch in words: tiling, grid, clusters, combine (the registry's
+// kvcache_launch_summary).
+std::string kvcache_launch_summary(const KvCacheParams& params);
 // The registry's launch hook: launch_kvcache_tiled for params.head_dim.
 void kvcache_launch(const KvCacheParams& params);
 

@@ -208,6 +208,32 @@ int fa2_mma_sm80::kvcache_cluster_size(const KvCacheParams& params, int num_spli
   return 1;
 }
 
+std::string fa2_mma_sm80::kvcache_launch_summary(const KvCacheParams& params) {
+  const std::string unsupported = kvcache_unsupported_reason(params);
+  if (!unsupported.empty()) return "none (" + unsupported + ")";
+  const KvTiling tiling = kvcache_tiling(params);
+  const int splits = kvcache_splits_used(params);
+  const char* tiling_name = tiling == KvTiling::kWide ? "wide" : tiling == KvTiling::kDeep ? "deep" : "narrow";
+  std::string text;
+  with_traits(params.head_dim, tiling, [&](auto traits) {
+    using Tr = decltype(traits);
+    text = std::string(tiling_name) + " tiling (" + std::to_string(Tr::kWarps) + " warps x " +
+           std::to_string(Tr::kStages) + " ring stages of " + std::to_string(Tr::kChunkKeys) + "-key chunks, " +
+           std::to_string(Tr::kSmemBytes) + " bytes of shared memory a block), grid " + std::to_string(splits) +
+           (splits == 1 ? " split x " : " splits x ") + std::to_string(packed_row_tiles(params)) +
+           " packed-row tile" + (packed_row_tiles(params) == 1 ? "" : "s") + " x " +
+           std::to_string(static_cast<int64_t>(params.batch) * params.kv_heads) + " (batch x kv heads) = " +
+           std::to_string(row_tile_blocks(params) * splits) + " blocks on " +
+           std::to_string(multiprocessor_count()) + " SMs";
+  });
+  const int cluster_size = kvcache_cluster_size(params, splits);
+  if (cluster_size > 1)
+    text += ", in clusters of " + std::to_string(cluster_size) +
+            " kv heads, one block an SM (a plain launch where they would not all be resident at once)";
+  if (splits > 1) text += "; then the combine kernel";
+  return text;
+}
+
 void fa2_mma_sm80::kvcache_launch(const KvCacheParams& params) {
   const int splits = kvcache_splits_used(params);
   const KvTiling tiling = kvcache_tiling(params);

@@ -287,8 +287,13 @@ struct SplitKvTraits {
   static constexpr int kChunkBytes = kChunkKeys * KvLayout::kRowBytes;
   static constexpr int kQBytes = kBlockRows * kSmemStride * 2;
   static constexpr int kRingBytes = Warps * Stages * 2 * kChunkBytes;  // K and V
-  // The warps' (m, l, O) merge reuses the ring: O 16 x HeadDim float32 per warp.
-  static constexpr int kMergeBytes = Warps * kBlockRows * (HeadDim + 2) * 4;
+  // The warps' (m, l, O) merge reuses the ring: per warp m and l (16 each),
+  // then O as 16 rows of HeadDim float32 padded by 8 floats, so that the
+  // rows of an accumulator fragment (8 apart in the row index) and the rows a
+  // warp reads back fall in different banks.
+  static constexpr int kMergeRowFloats = HeadDim + 8;
+  static constexpr int kMergeWarpFloats = 2 * kBlockRows + kBlockRows * kMergeRowFloats;
+  static constexpr int kMergeBytes = Warps * kMergeWarpFloats * 4;
   static constexpr int kSmemBytes = kQBytes + (kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes);
   static_assert(HeadDim % 32 == 0, "head_dim a multiple of 32");
   static_assert(Stages >= 2, "at least double buffering per warp");

@@ -346,35 +346,42 @@ __global__ void __launch_bounds__(Tr::kThreads)
   }
 
   // Merge the warps' states through shared memory (the ring is free now):
-  // warp w's block holds m[16], l[16], then O[16][kD].
+  // warp w's block holds m[16], l[16], then O[16][kMergeRowFloats] (rows
+  // padded: without the pad the fragment's stores went 8-way and the
+  // read-back 16-way onto the same banks). Rows past the packed rows are
+  // padding; a warp skips the upper 8 when all of them are.
   __syncthreads();
   float* merge = reinterpret_cast<float*>(smem + Tr::kQBytes);
-  constexpr int kWarpFloats = Tr::kBlockRows * (kD + 2);
+  constexpr int kWarpFloats = Tr::kMergeWarpFloats;
+  constexpr int kRowFloats = Tr::kMergeRowFloats;
+  const int row_halves = row0 + 8 < packed_rows ? 2 : 1;
   {
     float* mine = merge + warp * kWarpFloats;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      if (h >= row_halves) break;
       const int r = group + h * 8;
       if (thread_in_group == 0) {
         mine[r] = row_max[h];
         mine[Tr::kBlockRows + r] = row_sum[h];
       }
 #pragma unroll
-      for (int n = 0; n < kOTiles; ++n) {
-        float* o_row = mine + 2 * Tr::kBlockRows + r * kD + n * 8 + thread_in_group * 2;
-        o_row[0] = acc_o[0][n][h * 2];
-        o_row[1] = acc_o[0][n][h * 2 + 1];
-      }
+      for (int n = 0; n < kOTiles; ++n)
+        *reinterpret_cast<float2*>(mine + 2 * Tr::kBlockRows + r * kRowFloats + n * 8 + thread_in_group * 2) =
+            make_float2(acc_o[0][n][h * 2], acc_o[0][n][h * 2 + 1]);
     }
   }
   __syncthreads();
 
-  // kThreads / 16 threads a row, each a run of consecutive columns.
+  // kThreads / 16 threads a row; thread t of a row takes the column pairs
+  // 2t + 2 kThreadsPerRow j, so a row's threads read and write consecutive
+  // columns together.
   constexpr int kThreadsPerRow = Tr::kThreads / Tr::kBlockRows;
-  constexpr int kColumns = kD / kThreadsPerRow;
-  static_assert(kColumns % 2 == 0, "column pairs");
+  constexpr int kPairs = kD / (2 * kThreadsPerRow);
+  static_assert(kPairs * 2 * kThreadsPerRow == kD, "whole column pairs a thread");
   const int r = tid / kThreadsPerRow;
-  const int col0 = (tid % kThreadsPerRow) * kColumns;
+  const int col_first = (tid % kThreadsPerRow) * 2;
+  const auto col_of = [&](int j) { return col_first + j * 2 * kThreadsPerRow; };
   const int packed = row0 + r;
   if constexpr (kTimeline) record_block_end(p.block_timeline, p.block_timeline_blocks);
   if (packed >= packed_rows) return;
@@ -394,29 +401,33 @@ __global__ void __launch_bounds__(Tr::kThreads)
   merged_sum = row_sum_as_pv_saw_it<Element>(merged_sum, merged_max, scale_log2, exp2);
   const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
   const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
-  float values[kColumns];
+  float2 values[kPairs];
 #pragma unroll
-  for (int c = 0; c < kColumns; ++c) {
-    float value = 0.f;
+  for (int j = 0; j < kPairs; ++j) {
+    float2 value = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      value += weight[w] * merge[w * kWarpFloats + 2 * Tr::kBlockRows + r * kD + col0 + c];
-    values[c] = value * result.inverse_sum;
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 o = *reinterpret_cast<const float2*>(merge + w * kWarpFloats + 2 * Tr::kBlockRows +
+                                                        r * kRowFloats + col_of(j));
+      value.x += weight[w] * o.x;
+      value.y += weight[w] * o.y;
+    }
+    values[j] = make_float2(value.x * result.inverse_sum, value.y * result.inverse_sum);
   }
   if (num_splits == 1) {
     Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + query * p.out_row_stride +
-                   head * p.out_head_stride + col0;
+                   head * p.out_head_stride;
 #pragma unroll
-    for (int c = 0; c < kColumns; c += 2)
-      *reinterpret_cast<uint32_t*>(out + c) = pack2<Element>(values[c], values[c + 1]);
-    if (p.lse != nullptr && col0 == 0)
+    for (int j = 0; j < kPairs; ++j)
+      *reinterpret_cast<uint32_t*>(out + col_of(j)) = pack2<Element>(values[j].x, values[j].y);
+    if (p.lse != nullptr && col_first == 0)
       p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = result.lse;
   } else {
     const int64_t row = partial_row(p, split, batch, head, query);
-    float* out = o_partial + row * kD + col0;
+    float* out = o_partial + row * kD;
 #pragma unroll
-    for (int c = 0; c < kColumns; c += 2) *reinterpret_cast<float2*>(out + c) = make_float2(values[c], values[c + 1]);
-    if (col0 == 0) lse_partial[row] = result.lse;
+    for (int j = 0; j < kPairs; ++j) *reinterpret_cast<float2*>(out + col_of(j)) = values[j];
+    if (col_first == 0) lse_partial[row] = result.lse;
   }
 }
 

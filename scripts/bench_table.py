@@ -34,8 +34,10 @@ def read(path):
 
 # --- --decode -----------------------------------------------------------------
 # flashlab-bench --decode names its rows decode/d128/b8/h32/kv8/L16384/IMPL (Google
-# Benchmark appends /iterations:N/manual_time); IMPL is a kernel, KERNEL(pagedN) or sdpa_*.
+# Benchmark appends /iterations:N/manual_time); IMPL is a kernel, KERNEL(pagedN), sdpa_* or
+# plain_read (the K and V streamed by a read-only kernel: the ceiling, not a kernel).
 DECODE_NAME = re.compile(r"^decode/d(\d+)/b(\d+)/h(\d+)/kv(\d+)/L(\d+)/([^/]+)")
+PLAIN_READ = "plain_read"
 
 # The issue's targets (issue 11).
 CUDNN_TARGET = 1.0          # kernel time <= cuDNN's on every case
@@ -85,8 +87,9 @@ def load_decode(document):
 
 
 def decode_kernels(cases):
-    """The flashlab kernels in the file (implementations that are neither sdpa_* nor paged)."""
-    names = {impl.split("(paged")[0] for rows in cases.values() for impl in rows if not impl.startswith("sdpa_")}
+    """The flashlab kernels in the file (implementations that are neither sdpa_*, paged nor plain_read)."""
+    names = {impl.split("(paged")[0] for rows in cases.values() for impl in rows
+             if not impl.startswith("sdpa_") and impl != PLAIN_READ}
     return sorted(names)
 
 
@@ -107,7 +110,10 @@ def decode_table(cases, copy, kernel):
     """Markdown lines: the table, then the targets."""
     lines = []
     paged_column = any(paged_name(rows, kernel) for rows in cases.values())
+    read_column = any(PLAIN_READ in rows for rows in cases.values())
     header = ["head_dim", "heads", "batch", "cache len", "K/V MB", f"{kernel} GB/s", "% copy", "splits"]
+    if read_column:
+        header += ["plain read GB/s", "of plain read"]
     if paged_column:
         header += ["paged GB/s", "% copy", "splits"]
     header += ["FLASH GB/s", "cuDNN GB/s", "vs FLASH", "vs cuDNN"]
@@ -138,6 +144,10 @@ def decode_table(cases, copy, kernel):
         # K and V bytes as the bench counted them (else those of a 2-byte dtype, bf16/fp16).
         kv_bytes = next((r["kv_bytes"] for r in rows.values() if r.get("kv_bytes")), 2 * b * length * kv * d * 2)
         cells = [str(d), f"{h}/{kv}", str(b), str(length), f"{kv_bytes / 1e6:.0f}"] + gbps_cells(contiguous)
+        if read_column:
+            read = rows.get(PLAIN_READ)
+            cells += [gbps_cells(read)[0],
+                      f"{100 * read['ms'] / contiguous['ms']:.1f}%" if ok(read) and ok(contiguous) else "-"]
         if paged_column:
             cells += gbps_cells(paged)
         cells += [gbps_cells(flash)[0], gbps_cells(cudnn)[0], ratio(flash, contiguous), f"**{ratio(cudnn, contiguous)}**"]
@@ -181,7 +191,9 @@ def decode_targets(cases, kernel):
                 continue
             measured += 1
             if row["fraction"] < COPY_TARGET:
-                misses.append(f"{case_label(case)} {100 * row['fraction']:.1f}%")
+                read = cases[case].get(PLAIN_READ)
+                ceiling = f" (a plain read of it: {100 * read['fraction']:.1f}%)" if ok(read) and read["fraction"] else ""
+                misses.append(f"{case_label(case)} {100 * row['fraction']:.1f}%{ceiling}")
         if measured:
             lines.append(f"- >= {100 * COPY_TARGET:.0f}% of the copy bandwidth at batch >= {COPY_TARGET_MIN_BATCH} "
                          f"or cache length >= {COPY_TARGET_MIN_LEN // 1024}k ({label}): "

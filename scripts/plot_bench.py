@@ -18,7 +18,7 @@ repetitions) are ignored, and repetitions of one case are reduced to their media
 A JSON from flashlab-bench --decode (names decode/d128/b8/h32/kv8/L16384/IMPL/...)
 gets the decode plot instead: GB/s of K/V read against the cache length, one
 panel per (batch, query/kv heads), one line per implementation (kernels solid,
-their paged rows dotted, sdpa_* dashed), with the copy bandwidth measured in the
+their paged rows dotted, sdpa_* dashed, plain_read black dash-dotted), with the copy bandwidth measured in the
 same run and 85% of it as horizontal lines.
 Tooling only: needs matplotlib, never runs in the test loop (tests/scripts checks
 it on a synthetic JSON when matplotlib is there).
@@ -32,7 +32,7 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_table import COPY_TARGET, load_decode  # noqa: E402  (flashlab-bench --decode's names, one parser)
+from bench_table import COPY_TARGET, PLAIN_READ, load_decode  # noqa: E402  (flashlab-bench --decode's names, one parser)
 
 MASKS = ("full", "causal")
 DIRECTIONS = ("fwd", "bwd", "fwdbwd")
@@ -175,9 +175,12 @@ def plot(results, context, output):
 
 
 def decode_line_style(name):
-    """torch backends dashed, paged-cache rows dotted, kernels on the contiguous cache solid."""
+    """torch backends dashed, paged-cache rows dotted, the plain read dash-dotted, kernels on the
+    contiguous cache solid."""
     if name.startswith("sdpa_"):
         return "--"
+    if name == PLAIN_READ:
+        return "-."
     return ":" if "(paged" in name else "-"
 
 
@@ -200,6 +203,8 @@ def plot_decode(cases, copy, context, output):
     bases = list(dict.fromkeys(base(name) for name in implementations))
     colors = plt.get_cmap("tab10")
     color_of = {name: colors(bases.index(base(name)) % 10) for name in implementations}
+    if PLAIN_READ in color_of:
+        color_of[PLAIN_READ] = "black"  # the ceiling, not an implementation
 
     figure, axes = plt.subplots(len(head_rows), len(batches), squeeze=False, sharey=True,
                                 figsize=(4.6 * len(batches), 3.6 * len(head_rows)))

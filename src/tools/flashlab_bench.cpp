@@ -109,6 +109,7 @@ struct BenchConfig {
   int num_splits = 0;        // 0: each kernel's heuristic
   bool flush_l2 = true;      // read a buffer larger than L2 before every timed call
   bool torch_bhsd = true;    // SDPA gets contiguous (B, H, L, D) copies; false: views of the cache
+  bool plain_read = true;    // a plain_read row per case: K and V read and nothing else
   int samples = 100;         // timed calls per row (fixed: Google Benchmark's Iterations)
 };
 
@@ -253,6 +254,13 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
               [&](const std::string& v) {
                 config.flush_l2 = flashlab::parse_choice<bool>("--flush-l2", v, {{"on", true}, {"off", false}});
                 decode_only.push_back("--flush-l2");
+              })
+      .option("--plain-read", "on|off",
+              "--decode: a plain_read row per case, the cache's K and V streamed\nby a read-only kernel: the "
+              "ceiling for a kernel that reads them\n(default on)",
+              [&](const std::string& v) {
+                config.plain_read = flashlab::parse_choice<bool>("--plain-read", v, {{"on", true}, {"off", false}});
+                decode_only.push_back("--plain-read");
               })
       .option("--torch-layout", "bhsd|cache",
               "--decode: SDPA's inputs: contiguous (B, H, L, D) copies made\nuntimed (default bhsd), or "
@@ -642,6 +650,11 @@ void print_summary(const BenchConfig& config) {
 //                        pages, every sequence given a random set of them by
 //                        block_table (a random permutation: scattered like a
 //                        real page pool, the same bytes, no second copy)
+//   plain_read           the contiguous cache's K and V streamed by a read-only
+//                        kernel (enqueue_stream_read) and nothing else, with the
+//                        fastest of 4 / 8 / 16 blocks an SM (each timed as the
+//                        rows are, median of 10): what a kernel that reads those
+//                        bytes once can reach on this GPU, at this size
 //   sdpa_flash, sdpa_cudnn  torch's backends pinned one at a time: q (batch,
 //                        heads, 1, head_dim), k/v (batch, kv_heads, cache_len,
 //                        head_dim), enable_gqa=true. What torch does with GQA
@@ -839,6 +852,35 @@ DecodeCall make_kernel_decode_call(const std::string& implementation, const Deco
   return result;
 }
 
+// The plain_read row's call: enqueue_stream_read of the contiguous K and V
+// with the fastest of kPlainReadBlocksPerSm, its count in `splits`.
+const std::string kPlainRead = "plain_read";
+constexpr int kPlainReadBlocksPerSm[] = {4, 8, 16};
+
+DecodeCall make_plain_read_call(const DecodeInputs& in) {
+  const at::Tensor k = in.k_cache, v = in.v_cache;
+  const auto enqueue = [k, v](int blocks_per_sm) {
+    flashlab::enqueue_stream_read(k.data_ptr(), k.nbytes(), v.data_ptr(), v.nbytes(), blocks_per_sm,
+                                  c10::cuda::getCurrentCUDAStream().stream());
+  };
+  EventTimer timer;
+  LaunchGate gate;
+  DecodeCall result;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (const int blocks_per_sm : kPlainReadBlocksPerSm) {
+    const auto call = [&] { enqueue(blocks_per_sm); };
+    warm_up_decode_row(call);
+    std::vector<float> times;
+    for (int sample = 0; sample < 10; ++sample) {
+      if (l2_flush) (*l2_flush)();
+      times.push_back(timer.time_ms(call, &gate));
+    }
+    if (median(times) < best_ms) best_ms = median(times), result.splits = blocks_per_sm;
+  }
+  result.call = [enqueue, blocks_per_sm = result.splits] { enqueue(blocks_per_sm); };
+  return result;
+}
+
 DecodeCall make_torch_decode_call(const std::string& backend, DecodeInputs& in, bool bhsd) {
   make_torch_inputs(in, bhsd);
   const at::Tensor q = in.torch_q, k = in.torch_k, v = in.torch_v;
@@ -914,16 +956,19 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
   try {
     if (!skip_reason.empty()) throw std::runtime_error(skip_reason);
     DecodeInputs& in = decode_inputs_for(c);
-    const bool torch = implementation.rfind("sdpa_", 0) == 0;
-    const DecodeCall call = torch ? make_torch_decode_call(implementation.substr(5), in, config.torch_bhsd)
-                                  : make_kernel_decode_call(implementation, c, in, config);
-    const at::Tensor out = torch ? run_torch_row(call) : call.run();
-    bool paged = false;
-    decode_kernel_of(implementation, &paged);
-    std::string failure;
-    measurement.max_abs_error =
-        decode_output_error(out, in.checked, paged ? in.paged_reference : in.reference, failure);
-    if (!failure.empty()) throw std::runtime_error(failure);
+    const bool torch = implementation.rfind("sdpa_", 0) == 0, read = implementation == kPlainRead;
+    const DecodeCall call = torch  ? make_torch_decode_call(implementation.substr(5), in, config.torch_bhsd)
+                            : read ? make_plain_read_call(in)
+                                   : make_kernel_decode_call(implementation, c, in, config);
+    if (!read) {  // plain_read computes nothing to check
+      const at::Tensor out = torch ? run_torch_row(call) : call.run();
+      bool paged = false;
+      decode_kernel_of(implementation, &paged);
+      std::string failure;
+      measurement.max_abs_error =
+          decode_output_error(out, in.checked, paged ? in.paged_reference : in.reference, failure);
+      if (!failure.empty()) throw std::runtime_error(failure);
+    }
     EventTimer timer;
     LaunchGate gate;
     warm_up_decode_row(call.call);
@@ -951,10 +996,13 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
     state.counters["copy_fraction"] = measurement.gbps / copy_gbps;
     state.counters["kv_bytes"] = c.kv_bytes();
     state.counters["max_abs_err"] = measurement.max_abs_error;
-    if (!torch) state.counters["splits"] = measurement.splits;
+    if (read) state.counters["blocks_per_sm"] = measurement.splits;
+    else if (!torch) state.counters["splits"] = measurement.splits;
+    const std::string launch = torch ? ""
+                               : read ? ", " + std::to_string(measurement.splits) + " blocks an SM"
+                                      : ", splits " + std::to_string(measurement.splits);
     std::fprintf(stderr, "  %.2f us, %.0f GB/s, %.1f%% of copy%s\n", measurement.median_ms * 1e3, measurement.gbps,
-                 100 * measurement.gbps / copy_gbps,
-                 torch ? "" : (", splits " + std::to_string(measurement.splits)).c_str());
+                 100 * measurement.gbps / copy_gbps, launch.c_str());
   } catch (const std::exception& error) {
     measurement.error = error_text(error);
     c10::cuda::CUDACachingAllocator::emptyCache();
@@ -994,7 +1042,8 @@ void print_decode_summary(const BenchConfig& config) {
         continue;
       }
       char splits[16] = "-", flash_ratio[16] = "-", cudnn_ratio[16] = "-";
-      if (m.implementation.rfind("sdpa_", 0) != 0) std::snprintf(splits, sizeof splits, "%d", m.splits);
+      if (m.implementation.rfind("sdpa_", 0) != 0 && m.implementation != kPlainRead)
+        std::snprintf(splits, sizeof splits, "%d", m.splits);
       if (flash_ms > 0) std::snprintf(flash_ratio, sizeof flash_ratio, "%.2fx", flash_ms / m.median_ms);
       if (cudnn_ms > 0) std::snprintf(cudnn_ratio, sizeof cudnn_ratio, "%.2fx", cudnn_ms / m.median_ms);
       std::printf("%-34s %-24s %6s %10.2f %8.0f %6.1f%% %9s %9s\n", case_name.c_str(), m.implementation.c_str(),
@@ -1049,6 +1098,7 @@ int run_decode(const BenchConfig& config) {
           std::vector<std::string> implementations;
           if (config.contiguous_cache) implementations = kernels;
           for (const auto& backend : config.backends) implementations.push_back("sdpa_" + backend);
+          if (config.plain_read) implementations.push_back(kPlainRead);
           if (config.paged_cache)
             for (const auto& kernel : kernels)
               implementations.push_back(kernel + kPagedMarker + std::to_string(config.page_size) + ")");

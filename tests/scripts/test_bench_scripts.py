@@ -145,6 +145,40 @@ class DecodeTable(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
 
 
+class DecodeTableWithAPlainRead(unittest.TestCase):
+    """plain_read rows (the cache streamed by a read-only kernel) add two columns and name the
+    ceiling of each copy-bandwidth miss; they are not a kernel."""
+
+    @classmethod
+    def setUpClass(cls):
+        document = decode_document()
+        for batch in (1, 8):
+            for length in (8192, 32768):
+                document["benchmarks"].append(entry(batch, 32, length, bench_table.PLAIN_READ, 2400.0 if batch == 1 and length == 8192 else 3100.0))
+        # Batch 8 at 32k: the kernel at 2000 GB/s (67% of copy) where a plain read gives 3100.
+        for item in document["benchmarks"]:
+            if item["name"].startswith("decode/d128/b8/h32/kv8/L32768/" + KERNEL + "/"):
+                item.update(entry(8, 32, 32768, KERNEL, 2000.0, splits=2))
+        cls.directory = tempfile.TemporaryDirectory()
+        path = os.path.join(cls.directory.name, "decode.json")
+        with open(path, "w") as file:
+            json.dump(document, file)
+        cls.result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--decode", path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.directory.cleanup()
+
+    def test_columns_after_the_kernel(self):
+        self.assertEqual(self.result.returncode, 0, self.result.stderr)
+        self.assertIn("| splits | plain read GB/s | of plain read |", self.result.stdout)
+        # Batch 1 at 8k: the kernel 1500 GB/s against a plain read of 2400: 62.5%.
+        self.assertIn("| 128 | 32/8 | 1 | 8192 | 34 | 1500 | 50.0% | 4 | 2400 | 62.5% |", self.result.stdout)
+
+    def test_a_copy_miss_names_the_plain_read(self):
+        self.assertIn("b8 h32/8 L32768 66.7% (a plain read of it: 103.3%)", self.result.stdout)
+
+
 class ForwardTable(unittest.TestCase):
     def test_reads_a_text_summary(self):
         summary = (

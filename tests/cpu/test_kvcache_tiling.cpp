@@ -144,8 +144,7 @@ TEST(KvCacheTiling, GridsOfAtMostOneBlockForEveryTwoSmsRunAsClustersOfKvHeadsOnS
   // The same grid with two splits (128 blocks) or a batch that fills the GPU: plain.
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(8, 8192), 90), 2), 1);
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(on(decode_step(filling_batch(), 1024), 90), 1), 1);
-  // Batch 1 x 1k takes 8 splits of 8 kv heads (64 blocks; the launch merges those splits in clusters
-  // instead, kvcache_split_cluster_size); from 4k about one block per SM.
+  // Batch 1 x 1k takes 8 splits of 8 kv heads (64 blocks); from 4k about one block per SM.
   const KvCacheParams short_cache = on(decode_step(1, 1024), 90), long_cache = on(decode_step(1, 4096), 90);
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(short_cache, fa2_mma_sm80::kvcache_num_splits(short_cache)), 8);
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(long_cache, fa2_mma_sm80::kvcache_num_splits(long_cache)), 1);
@@ -157,33 +156,6 @@ TEST(KvCacheTiling, GridsOfAtMostOneBlockForEveryTwoSmsRunAsClustersOfKvHeadsOnS
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(odd, 1), 4);
   odd.kv_heads = 1, odd.heads = 7;  // z = 3: MQA over an odd batch
   EXPECT_EQ(fa2_mma_sm80::kvcache_cluster_size(odd, 1), 1);
-}
-
-TEST(KvCacheTiling, OnSm90TheSplitsOfASmallGridMergeAsOneClusterWhereEachBlockTakesWholeColumnPairs) {
-  if (sms() < 128) GTEST_SKIP() << "needs at least 128 multiprocessors (64-block grids); this device has " << sms();
-  const auto on = [](KvCacheParams params, int compute_capability) {
-    params.device_compute_capability = compute_capability;
-    return params;
-  };
-  // Batch 1, 8 kv heads: 8 blocks a split.
-  for (const int splits : {2, 4, 8})
-    EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(1, 8192), 90), splits), splits)
-        << splits << " splits, head_dim 128 (64 column pairs)";
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(1, 8192), 90), 3), 1) << "64 pairs over 3 blocks";
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(1, 8192), 90), 16), 1)
-      << "16 splits: clusters of 16 were slower (128 blocks)";
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(1, 8192), 80), 8), 1) << "no clusters on sm_80";
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(1, 8192), 90), 1), 1) << "one split: nothing to merge";
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(8, 32768), 90), 2), 1)
-      << "batch 8, 2 splits: 128 blocks, the combine kernel";
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(on(decode_step(1, 8192, 32), 90), 5), 1) << "16 pairs, 5 splits";
-  // The heuristic's batch 1 x 1k: 8 splits, merged.
-  const KvCacheParams short_cache = on(decode_step(1, 1024), 90);
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(short_cache, fa2_mma_sm80::kvcache_num_splits(short_cache)), 8);
-  KvCacheParams paged = on(decode_step(1, 8192), 90);
-  const int table[] = {0};
-  paged.block_table = table, paged.page_size = 256;
-  EXPECT_EQ(fa2_mma_sm80::kvcache_split_cluster_size(paged, 8), 8) << "the cache's layout does not matter";
 }
 
 TEST(KvCacheTiling, TheLaunchSummaryNamesTheTilingTheGridAndTheLaunchShape) {
@@ -206,11 +178,6 @@ TEST(KvCacheTiling, TheLaunchSummaryNamesTheTilingTheGridAndTheLaunchShape) {
       << wide;
   EXPECT_EQ(wide.find("clusters"), std::string::npos) << "no clusters before sm_90: " << wide;
   EXPECT_NE(wide.find("then the combine kernel"), std::string::npos) << wide;
-  KvCacheParams short_cache = decode_step(1, 1024);
-  short_cache.device_compute_capability = 90;
-  const std::string merged = fa2_mma_sm80::kvcache_launch_summary(short_cache);
-  EXPECT_NE(merged.find("the 8 splits of a tile one cluster merging"), std::string::npos) << merged;
-  EXPECT_EQ(merged.find("then the combine kernel"), std::string::npos) << merged;
 
   KvCacheParams odd_head_dim = decode_step(1, 8192, 48);
   EXPECT_EQ(fa2_mma_sm80::kvcache_launch_summary(odd_head_dim).rfind("none (", 0), 0u)

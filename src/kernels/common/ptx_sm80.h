@@ -218,48 +218,6 @@ __device__ __forceinline__ void red_add_f32x4(float* address, float a, float b, 
 }
 #endif
 
-// Thread-block clusters (sm_90 and newer; they trap before, where no cluster
-// launch reaches them). cluster_sync: every thread of the cluster arrives
-// (release) and waits (acquire), so shared memory written before it is visible
-// to the cluster's blocks after it, and no block runs past it while another
-// may still read its shared memory. cluster_shared_address: where the
-// shared-memory address `address` of this block lies in block `rank` of the
-// cluster, for ld_cluster_f32 / ld_cluster_f32x2.
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ uint32_t cluster_shared_address(uint32_t address, uint32_t rank) {
-  uint32_t result = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(result) : "r"(address), "r"(rank));
-#else
-  __trap();
-#endif
-  return result;
-}
-__device__ __forceinline__ float ld_cluster_f32(uint32_t address) {
-  float value = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(address) : "memory");
-#else
-  __trap();
-#endif
-  return value;
-}
-__device__ __forceinline__ float2 ld_cluster_f32x2(uint32_t address) {
-  float2 value = make_float2(0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(value.x), "=f"(value.y) : "r"(address) : "memory");
-#else
-  __trap();
-#endif
-  return value;
-}
-
 // Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel
 // launched after this one on the same stream with
 // cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled once

@@ -371,13 +371,6 @@ KvTiling kvcache_tiling(const KvCacheParams& params);
 // 1: a plain launch), the split kernel running one block per SM. The rule:
 // fa2_mma_sm80_kvcache.cpp.
 int kvcache_cluster_size(const KvCacheParams& params, int num_splits);
-// The splits of a tile a launch merges as one thread-block cluster through
-// distributed shared memory, no combine kernel (sm_90, 2 to kMaxMergedSplits
-// splits dividing head_dim / 2, at most one block for every two SMs; 1:
-// partials and the combine kernel). Takes precedence over
-// kvcache_cluster_size; the rule: fa2_mma_sm80_kvcache.cpp.
-inline constexpr int kMaxMergedSplits = 8;
-int kvcache_split_cluster_size(const KvCacheParams& params, int num_splits);
 // The launch in words: tiling, grid, clusters, combine (the registry's
 // kvcache_launch_summary).
 std::string kvcache_launch_summary(const KvCacheParams& params);

@@ -37,15 +37,6 @@
 // The keys are the cache's capacity (seqlen_k), not the current lengths: the
 // lengths live on the device and a launch must not wait for them.
 //
-// Merged splits (kvcache_split_cluster_size, sm_90). Where a grid of at most
-// one block for every two SMs has 2 to 8 splits (batch 1 x 1k: 8 splits of 8
-// kv heads), the splits of a tile run as one cluster and merge through
-// distributed shared memory: no partials in global memory, no combine kernel.
-// H100 (session 18, call 13, A/B, three rounds): batch 1 x 1k 10.34-10.46 ->
-// 9.82-10.08 us; batch 8 x 32k (2 splits, 128 blocks) unchanged; clusters of
-// 16 splits (batch 1 from 4k keys, 128 blocks) were 5-14% slower (32k: 51.5
-// -> 57.5 us, 128k: 178.8 -> 204.7): those keep the combine kernel.
-//
 // Clusters (kvcache_cluster_size, sm_90, contiguous caches). A grid of at
 // most one block for every two SMs (batch 8 on deep rings, batch 1 x 1k: 64
 // blocks on the H100's 132 SMs) runs as thread-block clusters of up to 8
@@ -217,12 +208,6 @@ int fa2_mma_sm80::kvcache_cluster_size(const KvCacheParams& params, int num_spli
   return 1;
 }
 
-int fa2_mma_sm80::kvcache_split_cluster_size(const KvCacheParams& params, int num_splits) {
-  if (params.device_compute_capability < 90 || num_splits < 2 || num_splits > kMaxMergedSplits) return 1;
-  if (row_tile_blocks(params) * num_splits * 2 > multiprocessor_count()) return 1;
-  return (params.head_dim / 2) % num_splits == 0 ? num_splits : 1;  // whole column pairs a block
-}
-
 std::string fa2_mma_sm80::kvcache_launch_summary(const KvCacheParams& params) {
   const std::string unsupported = kvcache_unsupported_reason(params);
   if (!unsupported.empty()) return "none (" + unsupported + ")";
@@ -241,16 +226,11 @@ std::string fa2_mma_sm80::kvcache_launch_summary(const KvCacheParams& params) {
            std::to_string(row_tile_blocks(params) * splits) + " blocks on " +
            std::to_string(multiprocessor_count()) + " SMs";
   });
-  const int merge_size = kvcache_split_cluster_size(params, splits);
   const int cluster_size = kvcache_cluster_size(params, splits);
-  if (merge_size > 1)
-    text += ", the " + std::to_string(merge_size) +
-            " splits of a tile one cluster merging through distributed shared memory (partials and the "
-            "combine kernel where no such cluster fits)";
-  else if (cluster_size > 1)
+  if (cluster_size > 1)
     text += ", in clusters of " + std::to_string(cluster_size) +
             " kv heads, one block an SM (a plain launch where they would not all be resident at once)";
-  if (splits > 1 && merge_size == 1) text += "; then the combine kernel";
+  if (splits > 1) text += "; then the combine kernel";
   return text;
 }
 

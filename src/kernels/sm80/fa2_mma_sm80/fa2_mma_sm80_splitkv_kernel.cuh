@@ -24,11 +24,7 @@
 //      key);
 //   3. combine_kernel (more than one split): per (batch, head, query row),
 //      out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s);
-//      on sm_90 a programmatic dependent launch of the split kernel. Or, on
-//      sm_90 for small grids of up to 8 splits (kvcache_split_cluster_size),
-//      the same sum inside the split kernel (kClusterMerge): a tile's splits
-//      are one cluster and read each other's results through distributed
-//      shared memory.
+//      on sm_90 a programmatic dependent launch of the split kernel.
 // The masks (causal / window bottom-right, sequence end), the online-softmax
 // rule and the PTX wrappers come from src/kernels/common/.
 //
@@ -126,10 +122,7 @@ __device__ __forceinline__ int64_t partial_row(const KvCacheParams& p, int split
 // compiled in); the one launched without has none. Hooks behind a run-time
 // null check alone made the deep ring at head_dim 64 5.6-6.4% slower (batch 8
 // x 8k / 32k, H100, session 16), though they ran no instruction but a branch.
-// kClusterMerge: the launch makes the num_splits blocks of a tile one cluster
-// (sm_90), which merges their results through distributed shared memory; no
-// partials in global memory and no combine kernel.
-template <class Tr, typename Element, bool kTimeline, bool kClusterMerge = false>
+template <class Tr, typename Element, bool kTimeline>
 __global__ void __launch_bounds__(Tr::kThreads)
     splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits) {
   constexpr int kD = Tr::kHeadDim;
@@ -391,87 +384,35 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const auto col_of = [&](int j) { return col_first + j * 2 * kThreadsPerRow; };
   const int packed = row0 + r;
   if constexpr (kTimeline) record_block_end(p.block_timeline, p.block_timeline_blocks);
-  const bool row_valid = packed < packed_rows;
-  if (!kClusterMerge && !row_valid) return;
+  if (packed >= packed_rows) return;
+  float merged_max = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge[w * kWarpFloats + r]);
+  float weight[kWarps];
+  float merged_sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const float m = merge[w * kWarpFloats + r];
+    // A warp that saw no key of this row (m = -inf) adds nothing.
+    weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
+    merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
+  }
+  // The max's warp weighs 1 exactly (exp2(0)): its max term is the one P V saw.
+  merged_sum = row_sum_as_pv_saw_it<Element>(merged_sum, merged_max, scale_log2, exp2);
+  const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
   const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
   float2 values[kPairs];
-  SoftmaxResult result{0.f, -INFINITY};
-  if (row_valid) {
-    float merged_max = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) merged_max = fmaxf(merged_max, merge[w * kWarpFloats + r]);
-    float weight[kWarps];
-    float merged_sum = 0.f;
+  for (int j = 0; j < kPairs; ++j) {
+    float2 value = make_float2(0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float m = merge[w * kWarpFloats + r];
-      // A warp that saw no key of this row (m = -inf) adds nothing.
-      weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
-      merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
+      const float2 o = *reinterpret_cast<const float2*>(merge + w * kWarpFloats + 2 * Tr::kBlockRows +
+                                                        r * kRowFloats + col_of(j));
+      value.x += weight[w] * o.x;
+      value.y += weight[w] * o.y;
     }
-    // The max's warp weighs 1 exactly (exp2(0)): its max term is the one P V saw.
-    merged_sum = row_sum_as_pv_saw_it<Element>(merged_sum, merged_max, scale_log2, exp2);
-    result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      float2 value = make_float2(0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float2 o = *reinterpret_cast<const float2*>(merge + w * kWarpFloats + 2 * Tr::kBlockRows +
-                                                          r * kRowFloats + col_of(j));
-        value.x += weight[w] * o.x;
-        value.y += weight[w] * o.y;
-      }
-      values[j] = make_float2(value.x * result.inverse_sum, value.y * result.inverse_sum);
-    }
-  }
-  if constexpr (kClusterMerge) {
-    // Block s of the cluster is split s of this tile. Each leaves its
-    // normalized O and LSE in its shared memory (lse[16], then O rows as in
-    // the merge), then block s writes column pairs [s P, (s + 1) P) of every
-    // row, P = kD / 2 / num_splits, from all of them: the combine kernel's
-    // LSE-weighted sum.
-    __syncthreads();  // every thread has read the warps' merge area
-    if (row_valid) {
-      if (col_first == 0) merge[r] = result.lse;
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j)
-        *reinterpret_cast<float2*>(merge + Tr::kBlockRows + r * kRowFloats + col_of(j)) = values[j];
-    }
-    cluster_sync();
-    const int pairs = kD / 2 / num_splits;
-    for (int item = tid; item < Tr::kBlockRows * pairs; item += Tr::kThreads) {
-      const int row = item / pairs, col = 2 * (split * pairs + item % pairs);
-      const int packed_row = row0 + row;
-      if (packed_row >= packed_rows) continue;
-      const uint32_t lse_address = smem_address(merge + row);
-      const uint32_t o_address = smem_address(merge + Tr::kBlockRows + row * kRowFloats + col);
-      float max_lse = -INFINITY;
-      for (int s = 0; s < num_splits; ++s)
-        max_lse = fmaxf(max_lse, ld_cluster_f32(cluster_shared_address(lse_address, s)));
-      float sum = 0.f;
-      float2 acc = make_float2(0.f, 0.f);
-      for (int s = 0; s < num_splits; ++s) {
-        const float split_lse = ld_cluster_f32(cluster_shared_address(lse_address, s));
-        // A split with no visible key (lse -inf) weighs 0 (its O is zeros).
-        const float w = split_lse == -INFINITY ? 0.f : expf(split_lse - max_lse);
-        const float2 o = ld_cluster_f32x2(cluster_shared_address(o_address, s));
-        sum += w;
-        acc.x += w * o.x;
-        acc.y += w * o.y;
-      }
-      // No split saw a key: out 0, lse -inf (the forward's fully masked row).
-      const float inverse = sum > 0.f ? 1.f / sum : 0.f;
-      const int out_query = packed_row / group_size, out_head = kv_head * group_size + packed_row % group_size;
-      Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + out_query * p.out_row_stride +
-                     out_head * p.out_head_stride;
-      *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(acc.x * inverse, acc.y * inverse);
-      if (p.lse != nullptr && col == 0)
-        p.lse[batch * p.lse_batch_stride + out_head * p.lse_head_stride + out_query] =
-            sum > 0.f ? max_lse + logf(sum) : -INFINITY;
-    }
-    cluster_sync();  // no block leaves while another reads its shared memory
-    return;
+    values[j] = make_float2(value.x * result.inverse_sum, value.y * result.inverse_sum);
   }
   if (num_splits == 1) {
     Element* out = static_cast<Element*>(p.out) + batch * p.out_batch_stride + query * p.out_row_stride +
@@ -590,56 +531,43 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
   if (p.lse != nullptr && lane == 0) p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
 }
 
-// Clusters of each size (up to 16 blocks) of one kernel resident at once, per
-// device (cudaOccupancyMaxActiveClusters, asked once; 0: not asked yet).
+// Clusters of 2 / 4 / 8 blocks of one kernel resident at once, per device
+// (cudaOccupancyMaxActiveClusters, asked once; 0: not asked yet).
 constexpr int kMaxCachedDevices = 16;
-constexpr int kMaxClusterSize = 16;  // 9-16: the H100's non-portable sizes
-using ResidentClusters = std::atomic<int>[kMaxCachedDevices][kMaxClusterSize + 1];
+using ResidentClusters = std::atomic<int>[kMaxCachedDevices][3];
 
-// The two cluster launches of the split kernel.
-enum class ClusterShape {
-  kHeadsSpread,  // cluster_size kv heads along the grid's z, the shared memory of one
-                 // block an SM (a cluster whose blocks could share an SM would not
-                 // spread over the GPU); only where every cluster is resident at once
-  kSplitsMerged  // the num_splits blocks of a tile along x (kClusterMerge), at their
-                 // own occupancy; where at least one cluster fits
-};
-
-// Launches kernel in clusters of cluster_size blocks of `shape` and returns
-// true; false, launching nothing, where the device cannot hold them as the
-// shape needs.
+// Launches kernel as clusters of cluster_size blocks along the grid's z (kv
+// heads), with the shared memory of one block an SM (a cluster whose blocks
+// could share an SM would not spread over the GPU), and returns true; false,
+// launching nothing, where the clusters would not all be resident at once.
 template <class Kernel, class... Args>
-bool launch_in_clusters(Kernel kernel, ResidentClusters& resident, ClusterShape shape, dim3 grid, int threads,
-                        int smem_bytes, int cluster_size, cudaStream_t stream, Args... args) {
-  if (cluster_size < 2 || cluster_size > kMaxClusterSize) return false;
-  const bool spread = shape == ClusterShape::kHeadsSpread;
-  const int launch_bytes = spread ? std::max(smem_bytes, shared_memory_per_multiprocessor() / 2) : smem_bytes;
-  FLASHLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, launch_bytes));
-  if (cluster_size > 8)
-    FLASHLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+bool launch_in_clusters(Kernel kernel, ResidentClusters& resident, dim3 grid, int threads, int smem_bytes,
+                        int cluster_size, cudaStream_t stream, Args... args) {
+  const int one_per_sm_bytes = std::max(smem_bytes, shared_memory_per_multiprocessor() / 2);
+  FLASHLAB_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, one_per_sm_bytes));
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = launch_bytes;
+  config.dynamicSmemBytes = one_per_sm_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = spread ? 1 : cluster_size;
+  attribute.val.clusterDim.x = 1;
   attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = spread ? cluster_size : 1;
+  attribute.val.clusterDim.z = cluster_size;
   config.attrs = &attribute;
   config.numAttrs = 1;
   int device = 0;
   FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
-  int clusters = device < kMaxCachedDevices ? resident[device][cluster_size].load(std::memory_order_relaxed) : 0;
+  const int size_index = cluster_size == 2 ? 0 : cluster_size == 4 ? 1 : 2;
+  int clusters = device < kMaxCachedDevices ? resident[device][size_index].load(std::memory_order_relaxed) : 0;
   if (clusters == 0) {
     // An error here (no cluster support) reads as none resident: a plain launch.
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) clusters = -1;
-    cudaGetLastError();  // (that error is answered: a plain launch)
-    if (device < kMaxCachedDevices) resident[device][cluster_size].store(clusters, std::memory_order_relaxed);
+    if (device < kMaxCachedDevices) resident[device][size_index].store(clusters, std::memory_order_relaxed);
   }
-  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
-  if (clusters < 1 || (spread && static_cast<int64_t>(clusters) * cluster_size < blocks)) return false;
+  if (static_cast<int64_t>(clusters) * cluster_size < static_cast<int64_t>(grid.x) * grid.y * grid.z) return false;
   FLASHLAB_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
   return true;
 }
@@ -659,26 +587,17 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
     const int64_t rows = static_cast<int64_t>(params.batch) * params.heads * params.seqlen_q;
     float* o_partial = num_splits > 1 ? static_cast<float*>(params.workspace) : nullptr;
     float* lse_partial = num_splits > 1 ? o_partial + num_splits * rows * kD : nullptr;
-    const bool timeline = params.block_timeline != nullptr;
-    auto kernel = timeline ? splitkv_kernel<Tr, Element, true> : splitkv_kernel<Tr, Element, false>;
+    auto kernel = params.block_timeline != nullptr ? splitkv_kernel<Tr, Element, true>
+                                                   : splitkv_kernel<Tr, Element, false>;
     const int packed_rows = params.seqlen_q * (params.heads / params.kv_heads);
     const dim3 grid(num_splits, (packed_rows + Tr::kBlockRows - 1) / Tr::kBlockRows,
                     params.batch * params.kv_heads);
-    // Without and with the timeline hooks.
-    static ResidentClusters heads_spread[2], splits_merged[2];
-    const KvCacheParams& launched = params;
-    auto merging = timeline ? splitkv_kernel<Tr, Element, true, true> : splitkv_kernel<Tr, Element, false, true>;
-    const int merge_size = kvcache_split_cluster_size(params, num_splits);
-    const bool merged =
-        merge_size > 1 && launch_in_clusters(merging, splits_merged[timeline], ClusterShape::kSplitsMerged, grid,
-                                             Tr::kThreads, Tr::kSmemBytes, merge_size, stream, launched, o_partial,
-                                             lse_partial, num_splits);
-    const int spread_size = merged ? 1 : kvcache_cluster_size(params, num_splits);
-    const bool spread =
-        spread_size > 1 && launch_in_clusters(kernel, heads_spread[timeline], ClusterShape::kHeadsSpread, grid,
-                                              Tr::kThreads, Tr::kSmemBytes, spread_size, stream, launched,
-                                              o_partial, lse_partial, num_splits);
-    if (!merged && !spread) {
+    static ResidentClusters resident_clusters[2];  // without and with the timeline hooks
+    const int cluster_size = kvcache_cluster_size(params, num_splits);
+    if (cluster_size == 1 ||
+        !launch_in_clusters(kernel, resident_clusters[params.block_timeline != nullptr], grid, Tr::kThreads,
+                            Tr::kSmemBytes, cluster_size, stream, static_cast<const KvCacheParams&>(params),
+                            o_partial, lse_partial, num_splits)) {
       if constexpr (Tr::kSmemBytes > 48 * 1024) {  // (a cluster launch may have raised it)
         FLASHLAB_CUDA_CHECK(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
@@ -686,7 +605,7 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
       kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits);
     }
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV)", params);
-    if (num_splits > 1 && !merged) {
+    if (num_splits > 1) {
       // A programmatic dependent launch on sm_90 (its launch overlaps the
       // split kernel's tail; about 3 us of a 27 us batch-1 decode step), a
       // plain one before.

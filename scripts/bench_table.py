@@ -35,7 +35,7 @@ def read(path):
 # --- --decode -----------------------------------------------------------------
 # flashlab-bench --decode names its rows decode/d128/b8/h32/kv8/L16384/IMPL (Google
 # Benchmark appends /iterations:N/manual_time); IMPL is a kernel, KERNEL(pagedN), sdpa_* or
-# plain_read (the K and V streamed by a read-only kernel: the ceiling, not a kernel).
+# plain_read (the K and V streamed by a read-only kernel: a reference, not a kernel).
 DECODE_NAME = re.compile(r"^decode/d(\d+)/b(\d+)/h(\d+)/kv(\d+)/L(\d+)/([^/]+)")
 PLAIN_READ = "plain_read"
 
@@ -192,8 +192,8 @@ def decode_targets(cases, kernel):
             measured += 1
             if row["fraction"] < COPY_TARGET:
                 read = cases[case].get(PLAIN_READ)
-                ceiling = f" (a plain read of it: {100 * read['fraction']:.1f}%)" if ok(read) and read["fraction"] else ""
-                misses.append(f"{case_label(case)} {100 * row['fraction']:.1f}%{ceiling}")
+                plain_read_note = f" (a plain read of it: {100 * read['fraction']:.1f}%)" if ok(read) and read["fraction"] else ""
+                misses.append(f"{case_label(case)} {100 * row['fraction']:.1f}%{plain_read_note}")
         if measured:
             lines.append(f"- >= {100 * COPY_TARGET:.0f}% of the copy bandwidth at batch >= {COPY_TARGET_MIN_BATCH} "
                          f"or cache length >= {COPY_TARGET_MIN_LEN // 1024}k ({label}): "

@@ -204,7 +204,7 @@ def plot_decode(cases, copy, context, output):
     colors = plt.get_cmap("tab10")
     color_of = {name: colors(bases.index(base(name)) % 10) for name in implementations}
     if PLAIN_READ in color_of:
-        color_of[PLAIN_READ] = "black"  # the ceiling, not an implementation
+        color_of[PLAIN_READ] = "black"  # a reference, not an implementation
 
     figure, axes = plt.subplots(len(head_rows), len(batches), squeeze=False, sharey=True,
                                 figsize=(4.6 * len(batches), 3.6 * len(head_rows)))

@@ -1,5 +1,5 @@
-// enqueue_stream_read (event_timer.h): a read-only streaming kernel, the
-// ceiling a kernel that reads the same bytes once can reach.
+// enqueue_stream_read (event_timer.h): a read-only streaming kernel, what
+// reading the same bytes alone costs (a reference for memory-bound kernels).
 #include <cuda_runtime.h>
 
 #include <cstddef>

@@ -256,8 +256,8 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 decode_only.push_back("--flush-l2");
               })
       .option("--plain-read", "on|off",
-              "--decode: a plain_read row per case, the cache's K and V streamed\nby a read-only kernel: the "
-              "ceiling for a kernel that reads them\n(default on)",
+              "--decode: a plain_read row per case, the cache's K and V streamed\nby a read-only kernel: what "
+              "reading them alone costs\n(default on)",
               [&](const std::string& v) {
                 config.plain_read = flashlab::parse_choice<bool>("--plain-read", v, {{"on", true}, {"off", false}});
                 decode_only.push_back("--plain-read");

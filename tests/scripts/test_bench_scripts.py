@@ -147,7 +147,7 @@ class DecodeTable(unittest.TestCase):
 
 class DecodeTableWithAPlainRead(unittest.TestCase):
     """plain_read rows (the cache streamed by a read-only kernel) add two columns and name the
-    ceiling of each copy-bandwidth miss; they are not a kernel."""
+    plain read beside each copy-bandwidth miss; they are not a kernel."""
 
     @classmethod
     def setUpClass(cls):

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "flashlab/attention.h"
 #include "flashlab/harness/problem.h"
 #include "kernel_cases.h"
 
@@ -53,6 +54,18 @@ ProblemSpec steps_varlen_spec(std::vector<int> seqlens_k);
 
 // A zero-filled CPU tensor, for validation tests that never reach a kernel.
 at::Tensor cpu_tensor(at::IntArrayRef shape, at::ScalarType dtype = at::kHalf);
+
+// Strict checks (attention.h, "Values on the device") on or off while it lives.
+class StrictChecksScope {
+ public:
+  explicit StrictChecksScope(bool on) : before_(strict_checks()) { set_strict_checks(on); }
+  ~StrictChecksScope() { set_strict_checks(before_); }
+  StrictChecksScope(const StrictChecksScope&) = delete;
+  StrictChecksScope& operator=(const StrictChecksScope&) = delete;
+
+ private:
+  bool before_;
+};
 
 // Runs `call` and expects a c10::Error whose message holds every fragment.
 void expect_rejected(const std::function<void()>& call, std::initializer_list<std::string> fragments);

@@ -37,7 +37,35 @@ struct AttentionOptions {
   std::string kernel = "auto";          // a registered kernel name, or "auto"
   int window_left = -1;                 // -1: unbounded
   int window_right = -1;                // -1: unbounded; causal forces 0
+  // Check values that live on the device (cu_seqlens, cache_seqlens,
+  // block_table) on the host before the launch, at the cost of a sync; unset:
+  // strict_checks() (see "Values on the device" below).
+  std::optional<bool> strict_checks;
 };
+
+// ---------------------------------------------------------------------------
+// Values on the device. No entry point reads cu_seqlens, cache_seqlens or
+// block_table on the host by default (a read is a device sync per call, and
+// breaks CUDA graph capture). The kernels keep in bounds whatever those tensors
+// hold: a length or offset out of range is clamped into it, a page entry that
+// is not a page of the cache is neither read nor written, no cache row outside
+// a sequence's own is written; and the first bad value is recorded on the
+// device. The next launch on that device (any entry point) or
+// check_device_errors() raises it as a c10::Error naming the tensor, the index
+// and the value. In strict mode the values are copied to the host and checked
+// before anything is launched or written, with the same kind of message, at
+// once (except while the stream is being captured into a CUDA graph, when the
+// kernels' check stands).
+//
+// The process's default: off, or on when FLASHLAB_STRICT_CHECKS=1 is set;
+// set_strict_checks changes it, options.strict_checks overrides it per call.
+void set_strict_checks(bool on);
+bool strict_checks();
+
+// Waits for `device` (every device flashlab launched on, when none is named)
+// and throws c10::Error describing the first bad device-side value a kernel
+// met since the last report, clearing it; returns when there is none.
+void check_device_errors(std::optional<int> device = std::nullopt);
 
 struct AttentionOutput {
   // (batch, seqlen_q, heads, head_dim), input dtype. When the kernel ran a
@@ -93,8 +121,9 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
 // after another. cu_seqlens_q/k are int32 prefix sums of length batch + 1 on q's
 // device (sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1]-1); max_seqlen_q/k
 // bound every length. Sequences align bottom-right, each on its own. Returns out
-// (total_q, heads, head_dim) and lse (heads, total_q), float32. The lengths are
-// validated on the host (cu_seqlens is copied to the CPU).
+// (total_q, heads, head_dim) and lse (heads, total_q), float32. The offsets are
+// validated on the host (copied to the CPU) in strict mode only; otherwise the
+// kernels keep them in bounds and report a bad one ("Values on the device").
 AttentionOutput attention_varlen_forward(const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                                          const at::Tensor& cu_seqlens_k, int max_seqlen_q,
@@ -210,9 +239,10 @@ void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardPar
 // to its first cache_seqlens[b] + seqlen_new keys, bottom-right aligned (causal
 // and window as in the forward). GQA/MQA: heads a multiple of kv_heads.
 // Returns out (batch, seqlen_q, heads, head_dim) and lse (batch, heads,
-// seqlen_q), float32. Everything is validated before anything is written:
-// cache_seqlens and block_table are copied to the host for that (lengths
-// beyond the capacity, page entries out of range are errors).
+// seqlen_q), float32. Shapes, dtypes and devices are validated before anything
+// is written; the values of cache_seqlens and block_table (lengths beyond the
+// capacity, page entries out of range) too in strict mode, where they are copied
+// to the host; by default the kernels check them ("Values on the device").
 struct KvCacheOptions : AttentionOptions {
   std::optional<at::Tensor> cache_seqlens;  // int32 (batch); absent: every cache is full
   std::optional<at::Tensor> k_new, v_new;   // (batch, seqlen_new, kv_heads, head_dim), both or neither

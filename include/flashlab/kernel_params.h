@@ -27,6 +27,32 @@ struct TileTrace {
   FLASHLAB_HOST_DEVICE bool enabled() const { return row_max != nullptr; }
 };
 
+// Values that live on the device (cu_seqlens, cache_seqlens, block_table) are
+// never read on the host on the default path, so a kernel may meet a bad one:
+// it then clamps it to what is in bounds (no read or write outside the tensors,
+// no cache row outside the sequence's own) and records the first bad value it
+// met here, in host-mapped memory the op library reads at its next call without
+// a sync (src/ops/device_errors.cpp). Writers: common/value_guard.h.
+enum class DeviceErrorCode : int {
+  none = 0,
+  cu_seqlens_q = 1,   // index0 = i: cu_seqlens_q[i] outside [low, high]
+  cu_seqlens_k = 2,
+  seqlen_q_over_max = 3,  // index0 = b: cu_seqlens_q[b + 1] - cu_seqlens_q[b] > max_seqlen_q (high)
+  seqlen_k_over_max = 4,
+  cache_seqlens = 5,  // index0 = b, index1 = capacity: cache_seqlens[b] outside [0, capacity - seqlen_new]
+  block_table = 6,    // index0 = b, index1 = j: block_table[b][j] not a page of the cache
+  cache_seqlens_paged = 7,  // as cache_seqlens, the capacity being block_table's width x page_size
+};
+
+struct DeviceErrorLog {
+  int claimed = 0;  // 0 until a thread claims the record (atomicCAS)
+  int ready = 0;    // 1 once the fields below are written (stored last, after a fence)
+  int code = 0;     // DeviceErrorCode
+  int index0 = 0, index1 = 0;
+  int value = 0;
+  int low = 0, high = 0;  // the values that were expected: low <= value <= high
+};
+
 // Strides are in elements. Tensors are logically (batch, seqlen, heads, head_dim)
 // with head_dim contiguous, exactly like flash_attn_func.
 struct AttentionParams {
@@ -80,6 +106,10 @@ struct AttentionParams {
 
   int device_compute_capability = 0;  // e.g. 90 for sm_90; 0 when unknown
   void* stream = nullptr;             // cudaStream_t
+
+  // Where a kernel records a bad device-side value (DeviceErrorLog, host-mapped);
+  // nullptr: it clamps the value and records nothing.
+  DeviceErrorLog* error_log = nullptr;
 };
 
 // The backward pass: the forward block (q, k, v, out, lse and the problem as

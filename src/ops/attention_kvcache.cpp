@@ -1,8 +1,9 @@
 // Decoding with a KV cache: input validation, kernel selection and the launch
 // (attention.h). Checks run in the forward's order: structure and one device
-// (no device access), then the kernel, the output buffers, the values of
-// cache_seqlens and block_table (copied to the host), and last that the device
-// is a CUDA one; nothing is written to the cache unless the whole call is valid.
+// (no device access), then the kernel, the output buffers, in strict mode the
+// values of cache_seqlens and block_table (copied to the host; by default the
+// kernels check them), and last that the device is a CUDA one; in strict mode
+// nothing is written to the cache unless the whole call is valid.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -155,7 +156,10 @@ void check_kvcache_values(const at::Tensor& k_cache, const KvCacheOptions& optio
       TORCH_CHECK(length[b] >= 0, "cache_seqlens[", b, "] must be >= 0; got ", length[b]);
       TORCH_CHECK(length[b] + seqlen_new <= capacity, "sequence ", b, " would hold cache_seqlens[", b,
                   "] + new rows = ", length[b], " + ", seqlen_new, " = ", length[b] + seqlen_new,
-                  " keys; its cache holds ", capacity);
+                  " keys; its cache holds ", capacity,
+                  is_paged(options) ? " (block_table's width " + std::to_string(options.block_table->size(1)) +
+                                          " x page_size " + std::to_string(k_cache.size(1)) + ")"
+                                    : std::string());
       keys[b] = length[b] + seqlen_new;
     }
   }
@@ -308,7 +312,8 @@ void attention_with_kvcache_into(const at::Tensor& q, const at::Tensor& k_cache,
   const KernelVariant& kernel = select_kvcache_kernel(probe, options.kernel, HeadDimPadding::allowed);
   detail::check_output_buffers(q, out, lse, {q.size(0), q.size(2), q.size(1)},
                                "(batch, heads, seqlen_q)");
-  check_kvcache_values(k_cache, options, q.size(0));  // host copies: CPU tensors work too
+  // Strict mode only (host copies; CPU tensors work too): else the kernels check them.
+  if (detail::host_value_checks(options.strict_checks, q)) check_kvcache_values(k_cache, options, q.size(0));
   TORCH_CHECK(q.is_cuda(), "q, k_cache and v_cache must be on a CUDA device; got ", q.device());
   const c10::cuda::CUDAGuard device_guard(q.device());
   const int64_t head_dim = q.size(3);

@@ -187,6 +187,9 @@ void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Ten
   check_varlen_structure(q, k, v, options);
   check_same_device(q, k, v);
   check_cu_seqlens_tensors(q, cu_seqlens_q, cu_seqlens_k);
+  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "max_seqlen_q and max_seqlen_k must be >= 0; got ",
+              max_seqlen_q, " and ", max_seqlen_k);
+  if (!host_value_checks(options.strict_checks, q)) return;  // the kernels check them (value_guard.h)
   check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.size(0), "q", "max_seqlen_q",
                           max_seqlen_q);
   check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.size(0), "k", "max_seqlen_k",

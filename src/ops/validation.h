@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,9 @@ void check_varlen_structure(const at::Tensor& q, const at::Tensor& k, const at::
                             const AttentionOptions& options);
 
 // Everything about a variable-length batch's inputs: structure, one device,
-// the cu_seqlens tensors (int32, 1-D, one length, on q's device) and their
-// values (read on the host: prefix sums from 0 to the token counts, every
-// length within max_seqlen_q/k).
+// the cu_seqlens tensors (int32, 1-D, one length, on q's device) and, in strict
+// mode (host_value_checks), their values (read on the host: prefix sums from 0
+// to the token counts, every length within max_seqlen_q/k).
 void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                          int max_seqlen_q, int max_seqlen_k, const AttentionOptions& options);
@@ -115,20 +116,40 @@ at::Tensor allocate_workspace(size_t bytes, void* stream);
 // `stream`, or the current device's current stream when it is null.
 void* stream_or_current(void* stream);
 
+// Whether to read device-side values (cu_seqlens, cache_seqlens, block_table) on
+// the host and check them before the launch: strict mode (the option, else
+// strict_checks()), and `like`'s stream not being captured into a CUDA graph.
+bool host_value_checks(const std::optional<bool>& option, const at::Tensor& like);
+
+// The current device's DeviceErrorLog for a launch (made at the first one), after
+// raising what an earlier launch recorded in it.
+DeviceErrorLog* device_error_log_for_launch();
+
+// Enqueues the offsets guard (src/kernels/sm80/varlen_offsets_guard/) on
+// params.stream: checks params.cu_seqlens_q/k on the device, writes the copy
+// the kernel is to read into `guarded` (2 x (batch + 1) ints) and points
+// params.cu_seqlens_q/k at it. In flashlab_kernels_sm80.
+void launch_varlen_offsets_guard(AttentionParams& params, int* guarded);
+
 // The launch set-up a forward, backward or KV-cache launch shares: params.stream
-// set to the current stream when null, then, when the kernel has a workspace
+// set to the current stream when null, params.error_log to the device's log
+// (raising what an earlier launch left there), then, when the kernel has a workspace
 // hook (`workspace_bytes`, nullptr: none), params.workspace_bytes from it and
-// params.workspace allocated (allocate_workspace). The returned tensor holds the
-// workspace: keep it until the launch returns.
+// params.workspace allocated (allocate_workspace); for a variable-length batch
+// the same allocation also holds the guarded copy of the offsets, which the
+// offsets guard writes before the kernel reads it. The returned tensor holds
+// the workspace: keep it until the launch returns.
 template <class Params, class WorkspaceBytes>
 [[nodiscard]] at::Tensor prepare_launch(Params& params, WorkspaceBytes workspace_bytes) {
   params.stream = stream_or_current(params.stream);
-  at::Tensor workspace;
-  if (workspace_bytes != nullptr) {
-    params.workspace_bytes = workspace_bytes(params);
-    workspace = allocate_workspace(params.workspace_bytes, params.stream);
-    params.workspace = workspace.defined() ? workspace.data_ptr() : nullptr;
-  }
+  params.error_log = device_error_log_for_launch();
+  params.workspace_bytes = workspace_bytes != nullptr ? workspace_bytes(params) : 0;
+  const size_t kernel_bytes = (params.workspace_bytes + 255) / 256 * 256;
+  const size_t guard_bytes = params.is_varlen() ? 2 * (static_cast<size_t>(params.batch) + 1) * sizeof(int) : 0;
+  at::Tensor workspace = allocate_workspace(kernel_bytes + guard_bytes, params.stream);
+  char* base = workspace.defined() ? static_cast<char*>(workspace.data_ptr()) : nullptr;
+  params.workspace = params.workspace_bytes > 0 ? base : nullptr;
+  if (guard_bytes > 0) launch_varlen_offsets_guard(params, reinterpret_cast<int*>(base + kernel_bytes));
   return workspace;
 }
 

@@ -1,6 +1,7 @@
 // Every input check of attention_varlen_forward, provoked on CPU tensors (the
-// varlen checks run before the device check), plus the varlen reference and
-// the varlen harness inputs, which need no GPU either.
+// varlen checks run before the device check; those of the offsets' values in
+// strict mode), plus the varlen reference and the varlen harness inputs, which
+// need no GPU either.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "flashlab/attention.h"
@@ -39,6 +41,13 @@ struct VarlenInputs {
                              options);
   }
 };
+
+// The inputs with strict checks: the offsets' values are read on the host.
+VarlenInputs strict() {
+  VarlenInputs inputs;
+  inputs.options.strict_checks = true;
+  return inputs;
+}
 
 TEST(VarlenValidation, RankMustBeThree) {
   VarlenInputs inputs;
@@ -110,34 +119,34 @@ TEST(VarlenValidation, CuSeqlensOnAnotherDevice) {
 }
 
 TEST(VarlenValidation, CuSeqlensMustStartAtZero) {
-  VarlenInputs inputs;
+  VarlenInputs inputs = strict();
   inputs.cu_seqlens_q = offsets({1, 5, 5, 16});
   expect_rejected([&] { inputs.run(); }, {"cu_seqlens_q must start at 0", "got 1"});
 }
 
 TEST(VarlenValidation, CuSeqlensMustNotDecrease) {
-  VarlenInputs inputs;
+  VarlenInputs inputs = strict();
   inputs.cu_seqlens_k = offsets({0, 7, 3, 10});
   expect_rejected([&] { inputs.run(); },
                   {"cu_seqlens_k must be non-decreasing", "cu_seqlens_k[1] = 7 followed by 3"});
 }
 
 TEST(VarlenValidation, LastOffsetMustEqualQueryTokens) {
-  VarlenInputs inputs;
+  VarlenInputs inputs = strict();
   inputs.cu_seqlens_q = offsets({0, 5, 5, 15});
   expect_rejected([&] { inputs.run(); },
                   {"last element of cu_seqlens_q", "number of tokens in q (16)", "got 15"});
 }
 
 TEST(VarlenValidation, LastOffsetMustEqualKeyTokens) {
-  VarlenInputs inputs;
+  VarlenInputs inputs = strict();
   inputs.cu_seqlens_k = offsets({0, 7, 10, 12});
   expect_rejected([&] { inputs.run(); },
                   {"last element of cu_seqlens_k", "number of tokens in k (10)", "got 12"});
 }
 
 TEST(VarlenValidation, MaxSeqlenQBelowLongestSequence) {
-  VarlenInputs inputs;
+  VarlenInputs inputs = strict();
   inputs.max_seqlen_q = 10;
   expect_rejected([&] { inputs.run(); },
                   {"max_seqlen_q must be at least the longest sequence (11 tokens in cu_seqlens_q)",
@@ -145,10 +154,33 @@ TEST(VarlenValidation, MaxSeqlenQBelowLongestSequence) {
 }
 
 TEST(VarlenValidation, MaxSeqlenKBelowLongestSequence) {
+  VarlenInputs inputs = strict();
+  inputs.max_seqlen_k = 6;
+  expect_rejected([&] { inputs.run(); },
+                  {"max_seqlen_k must be at least the longest sequence (7 tokens", "got 6"});
+}
+
+TEST(VarlenValidation, NegativeMaxSeqlenInEveryMode) {
   VarlenInputs inputs;
   inputs.max_seqlen_k = -1;
-  expect_rejected([&] { inputs.run(); },
-                  {"max_seqlen_k must be at least the longest sequence (7 tokens", "got -1"});
+  expect_rejected([&] { inputs.run(); }, {"max_seqlen_q and max_seqlen_k must be >= 0; got 11 and -1"});
+}
+
+// By default the offsets are not read on the host (that would be a sync per
+// call): bad ones get as far as the device check here; on a GPU the offsets
+// guard reports them (tests/gpu/test_device_values.cpp).
+TEST(VarlenValidation, DefaultModeReadsNoOffset) {
+  for (const auto& [cu_q, cu_k, max_q] :
+       {std::tuple{std::vector<int>{1, 5, 5, 16}, std::vector<int>{0, 7, 10, 10}, 11},
+        {std::vector<int>{0, 5, 5, 16}, std::vector<int>{0, 7, 3, 10}, 11},
+        {std::vector<int>{0, 5, 5, 15}, std::vector<int>{0, 7, 10, 12}, 2}}) {
+    VarlenInputs inputs;
+    inputs.options.strict_checks = false;
+    inputs.cu_seqlens_q = offsets(cu_q);
+    inputs.cu_seqlens_k = offsets(cu_k);
+    inputs.max_seqlen_q = max_q;
+    expect_rejected([&] { inputs.run(); }, {"q, k and v must be on a CUDA device; got cpu"});
+  }
 }
 
 TEST(VarlenValidation, OutputBufferMustMatch) {

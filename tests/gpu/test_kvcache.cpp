@@ -16,7 +16,7 @@
 //   KvCacheTimeline.WritesNoSlotPastItsCapacity
 //                                         blocks past block_timeline_blocks
 //                                         leave their slots alone
-// and the checks of attention_with_kvcache that read values on the host
+// and the strict checks of attention_with_kvcache that read values on the host
 // (lengths, pages), which come after the device check: a rejected call
 // writes nothing.
 #include <ATen/ATen.h>
@@ -275,9 +275,12 @@ KvCacheSpec small_problem(int page_size) {
 
 at::Tensor bits(const at::Tensor& cache) { return cache.view(at::kShort); }
 
-// The call is rejected with every fragment, and neither the caches nor out were written.
+// In strict mode the call is rejected with every fragment, and neither the
+// caches nor out were written. (By default the kernels check the values:
+// tests/gpu/test_device_values.cpp.)
 void expect_rejected_untouched(const KvCacheSpec& spec, const KvCacheTensors& inputs,
                                std::initializer_list<std::string> fragments) {
+  const StrictChecksScope strict(true);
   const KvCacheTensors before = copy_caches(inputs);
   const ForwardOutputs outputs = poisoned_kvcache_outputs(spec, inputs);
   expect_rejected([&] { run_kvcache(spec, inputs, outputs); }, fragments);

@@ -6,9 +6,11 @@
     out = flashlab.flash_attn_func(q, k, v, causal=True, kernel="fa2_mma_sm80")   # one kernel
 
 The operators are torch.ops.flashlab.{fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache}
-(and kernels, the registry). Importing flashlab loads the extension and makes no
+(and kernels, the registry; check_errors, set_strict_checks, strict_checks). Importing flashlab loads the extension and makes no
 CUDA call.
 """
+
+import torch
 
 from . import _library
 
@@ -27,6 +29,30 @@ from .flash_attn_interface import (  # noqa: E402
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
+
+
+def check_errors(device=None):
+    """Waits for the GPU (device: an index, a torch.device or None for every device flashlab
+    ran on) and raises RuntimeError for the first bad value a kernel met in cu_seqlens,
+    cache_seqlens or block_table since the last report (the tensor, the index, the value).
+    Without it the next flashlab call on that device raises it."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        device = device.index if device.index is not None else torch.cuda.current_device()
+    torch.ops.flashlab.check_errors(device)
+
+
+def set_strict_checks(on=True):
+    """Strict checks: cu_seqlens, cache_seqlens and block_table are copied to the host and
+    checked before each launch (a sync per call; skipped while capturing a CUDA graph).
+    Returns the previous setting. FLASHLAB_STRICT_CHECKS=1 turns them on at start."""
+    return torch.ops.flashlab.set_strict_checks(bool(on))
+
+
+def strict_checks():
+    """Whether strict checks are on (set_strict_checks)."""
+    return torch.ops.flashlab.strict_checks()
 
 
 def kernels():
@@ -48,6 +74,9 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "check_errors",
     "kernels",
     "library_path",
+    "set_strict_checks",
+    "strict_checks",
 ]

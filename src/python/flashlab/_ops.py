@@ -1,8 +1,8 @@
-"""Fake kernels and autograd formulas of the flashlab::* operators.
+"""Fake kernels of the flashlab::* operators.
 
-The C++ extension defines the schemas and the CUDA kernels; what the
-operators' outputs look like (for FakeTensor, torch.compile and the meta
-device) and how they differentiate is said here, with torch.library. Every
+The C++ extension defines the schemas, the CUDA kernels and the autograd of
+the forward ops; what the operators' outputs look like (for FakeTensor,
+torch.compile and the meta device) is said here, with torch.library. Every
 output is a new contiguous tensor: out like q, lse float32 (batch, heads,
 seqlen_q) or, variable-length, (heads, total_q); dq, dk, dv like q, k, v.
 """
@@ -62,58 +62,12 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
 
 
 # ---------------------------------------------------------------------------
-# Autograd. The backward runs the forward's kernel when that kernel has a
-# backward pass, else "auto" (the first registered kernel with one): a kernel's
-# out and lse are plain attention output and natural-log LSE, whichever kernel
-# wrote them. lse is an output without a gradient (as in flash-attn): it is
-# marked non-differentiable.
+# The registry as the Python API reads it (kernel names for argument errors).
+# Autograd of flashlab::fwd and varlen_fwd is registered in C++ (flashlab_ops.cpp):
+# a Python registration cost more host time a call than the kernel takes.
 
 _kernels: dict[str, KernelInfo] = {}
 
 
 def set_kernels(kernels: dict[str, KernelInfo]) -> None:
     _kernels.update(kernels)
-
-
-def backward_kernel(kernel: str) -> str:
-    info = _kernels.get(kernel)
-    return kernel if info is not None and info.backward else "auto"
-
-
-def _setup_fwd(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, window_left, window_right, deterministic, kernel = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = (softmax_scale, causal, window_left, window_right, deterministic,
-                   backward_kernel(kernel))
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward_fwd(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = ops.bwd(grad_out.contiguous(), q, k, v, out, lse, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None
-
-
-torch.library.register_autograd("flashlab::fwd", _backward_fwd, setup_context=_setup_fwd)
-
-
-def _setup_varlen_fwd(ctx, inputs, output):
-    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-     window_left, window_right, deterministic, kernel) = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-                   deterministic, backward_kernel(kernel))
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward_varlen_fwd(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = ops.varlen_bwd(grad_out.contiguous(), q, k, v, out, lse, cu_seqlens_q,
-                                cu_seqlens_k, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
-
-
-torch.library.register_autograd("flashlab::varlen_fwd", _backward_varlen_fwd,
-                                setup_context=_setup_varlen_fwd)

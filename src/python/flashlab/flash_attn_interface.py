@@ -11,8 +11,17 @@ What flashlab does not have raises instead of being ignored: dropout
 (dropout_p > 0), ALiBi (alibi_slopes), soft-capping (softcap != 0), paged K/V
 in the variable-length call (block_table), and in flash_attn_with_kvcache
 rotary embedding (rotary_cos/rotary_sin), cache_batch_idx and cache_leftpad.
-With return_attn_probs=True the calls return (out, softmax_lse, None): flashlab
-has no dropout and never forms the probabilities, so the third is None.
+With return_attn_probs=True the calls return (out, softmax_lse, S_dmask), S_dmask
+an empty tensor as flash-attn's is without dropout (flashlab has no dropout and
+never forms the probabilities). window_size items may be ints or integer tensors
+(a CUDA tensor is read on the host: a sync), any negative value unbounded, as in
+flash-attn.
+
+Values that live on the GPU (cu_seqlens, cache_seqlens, block_table) are never
+read on the host unless strict checks are on (set_strict_checks(True) or
+FLASHLAB_STRICT_CHECKS=1): the kernels keep in bounds whatever they hold and
+record a bad one, which the next call or check_errors() raises. So no call
+syncs the host, and every call can be captured in a CUDA graph.
 
 Any head dim up to 256 works, as in flash-attn: the operators pad to the next
 head dim the chosen kernel has and slice the result, with the softmax scale
@@ -60,17 +69,34 @@ def _check_common(function, dropout_p=0.0, softcap=0.0, alibi_slopes=None, kerne
             f"{function}: softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
 
 
+def _window_item(value):
+    """One side of a window as an int (any negative: -1, unbounded), or None when it is
+    neither an int nor an integer tensor of one element."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype.is_complex \
+                or value.dtype == torch.bool:
+            return None
+        value = int(value.item())  # a CUDA tensor costs a sync here, as in flash-attn
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return max(int(value), -1)
+
+
 def _window(function, window_size) -> Tuple[int, int]:
-    message = (f"{function}: window_size must be a pair (left, right) of ints >= -1 "
-               f"(-1: unbounded); got {window_size!r}")
+    """(left, right) as flash-attn takes it: a pair of ints or integer tensors (a 2-element
+    tensor too, as torch.randint(0, n, (2,)) makes), any negative value unbounded."""
+    message = (f"{function}: window_size must be a pair (left, right) of ints or integer "
+               f"tensors (negative: unbounded); got {window_size!r}")
+    if isinstance(window_size, torch.Tensor) and window_size.dim() != 1:
+        raise ValueError(message)
     try:
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(message) from None
-    for value in (left, right):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < -1:
-            raise ValueError(message)
-    return int(left), int(right)
+    left, right = _window_item(left), _window_item(right)
+    if left is None or right is None:
+        raise ValueError(message)
+    return left, right
 
 
 def _scale(softmax_scale):
@@ -78,7 +104,9 @@ def _scale(softmax_scale):
 
 
 def _result(out, lse, return_attn_probs):
-    return (out, lse, None) if return_attn_probs else out
+    # flash-attn's third item, the attention probabilities, is an empty tensor
+    # without dropout: flashlab has no dropout and never forms them.
+    return (out, lse, out.new_empty((0,))) if return_attn_probs else out
 
 
 def _as_int(function, name, value) -> int:

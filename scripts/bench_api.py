@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""What a PyTorch user gets from flashlab's Python API: loops of calls timed the
+way a model runs them, against torch SDPA's backends in the same loop.
+
+  decode   flash_attn_with_kvcache, one query row a sequence, a cache of L keys
+           (cache_seqlens an int32 tensor on the GPU), against
+           F.scaled_dot_product_attention(q, k, v, enable_gqa=True) on (B, H, L, D)
+           copies of the cache, SDPA's cuDNN and FLASH backends pinned in turn;
+  tiny     flash_attn_func on a small causal problem (the per-call overhead),
+           forward only and forward + backward, against SDPA the same way.
+
+Rows: flashlab (the public Python function), flashlab_op (torch.ops.flashlab.*
+called directly: the C++ API behind torch's dispatcher), flashlab_graph (one
+call captured in a CUDA graph and replayed: the launches without host code),
+sdpa_cudnn, sdpa_flash. Each row: a warm-up, then --loops loops of --steps calls
+timed with CUDA events around the whole loop (median of the loops, per step),
+and the host's time per call (time.perf_counter around the same loop: where it
+is close to the step time, the loop is bound by the host, not by the GPU).
+
+Prints a table and, with --json FILE, writes every figure. Needs a CUDA GPU;
+run from the repository root with the build tree's extension:
+  PYTHONPATH=src/python FLASHLAB_OPS_LIBRARY=build/release/python/libflashlab_ops.so \\
+      python3 scripts/bench_api.py [--batches 1,8,32] [--cache-lens 1024,8192] [--json api.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+SDPA_BACKENDS = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
+
+
+def parse_ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+def time_loop(call, steps, loops, warmup):
+    """Median over `loops` of (device ms per step, host us per call) for `steps` calls."""
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    device_us, host_us = [], []
+    for _ in range(loops):
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            call()
+        t1 = time.perf_counter()
+        end.record()
+        end.synchronize()
+        device_us.append(start.elapsed_time(end) * 1000.0 / steps)
+        host_us.append((t1 - t0) * 1e6 / steps)
+    return statistics.median(device_us), statistics.median(host_us)
+
+
+def graph_of(call):
+    """call captured in a CUDA graph (after a warm-up on a side stream); its replay,
+    or the error text when capture fails."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            call()
+    except Exception as error:  # noqa: BLE001 (reported, not hidden)
+        torch.cuda.synchronize()
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    return graph.replay, ""
+
+
+def run_rows(rows, args):
+    """rows: name -> callable (or an error string). Returns name -> result dict."""
+    results = {}
+    for name, call in rows.items():
+        if isinstance(call, str):
+            results[name] = {"error": call}
+            continue
+        try:
+            device_us, host_us = time_loop(call, args.steps, args.loops, args.warmup)
+            results[name] = {"step_us": device_us, "host_us": host_us}
+        except Exception as error:  # noqa: BLE001
+            torch.cuda.synchronize()
+            results[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+    return results
+
+
+def decode_rows(flashlab, batch, cache_len, heads, kv_heads, head_dim, dtype):
+    q = torch.randn(batch, 1, heads, head_dim, device="cuda", dtype=dtype)
+    k_cache = torch.randn(batch, cache_len, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    lengths = torch.full((batch,), cache_len, dtype=torch.int32, device="cuda")
+    qt = q.transpose(1, 2).contiguous()
+    kt, vt = (x.transpose(1, 2).contiguous() for x in (k_cache, v_cache))
+    op = torch.ops.flashlab.fwd_kvcache
+
+    def api():
+        return flashlab.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+
+    def direct():
+        return op(q, k_cache, v_cache, None, None, lengths, None, None, False, -1, -1, 0, "auto")
+
+    rows = {"flashlab": api, "flashlab_op": direct}
+    replay, error = graph_of(api)
+    rows["flashlab_graph"] = replay or error
+    for name, backend in SDPA_BACKENDS.items():
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        rows[name] = sdpa
+    # The answer first: every row computes the same attention.
+    expected = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), enable_gqa=True)
+    got = api().transpose(1, 2).float()
+    error = (got - expected).abs().max().item()
+    if not error < 2e-2:
+        raise SystemExit(f"decode b{batch} L{cache_len}: flashlab differs from SDPA by {error}")
+    return rows
+
+
+def tiny_rows(flashlab, batch, seqlen, heads, head_dim, dtype, backward):
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype,
+                           requires_grad=backward) for _ in range(3))
+    dout = torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
+    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(backward) for x in (q, k, v))
+    doutt = dout.transpose(1, 2)
+    op = torch.ops.flashlab.fwd
+
+    def finish(out, grad):
+        if backward:
+            out.backward(grad)
+
+    def api():
+        finish(flashlab.flash_attn_func(q, k, v, causal=True), dout)
+
+    def direct():
+        finish(op(q, k, v, None, True, -1, -1, False, "auto")[0], dout)
+
+    rows = {"flashlab": api, "flashlab_op": direct}
+    replay, error = graph_of(api) if not backward else (None, "not captured (backward: see tests)")
+    rows["flashlab_graph"] = replay or error
+    for name, backend in SDPA_BACKENDS.items():
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                finish(F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), doutt)
+        rows[name] = sdpa
+    return rows
+
+
+def print_table(title, cases):
+    names = ["flashlab", "flashlab_op", "flashlab_graph", "sdpa_cudnn", "sdpa_flash"]
+    print(f"\n{title}: us per step (CUDA events around the loop) / host us per call")
+    print(f"{'case':<24}" + "".join(f"{n:>22}" for n in names) + f"{'x cudnn':>9}")
+    for case, results in cases.items():
+        cells = []
+        for name in names:
+            r = results.get(name, {})
+            if "error" in r:
+                cells.append(f"{'fails':>22}")
+            elif r:
+                cells.append(f"{r['step_us']:>13.1f} / {r['host_us']:>5.1f}")
+            else:
+                cells.append(f"{'-':>22}")
+        ratio = ""
+        if "step_us" in results.get("flashlab", {}) and "step_us" in results.get("sdpa_cudnn", {}):
+            ratio = f"{results['sdpa_cudnn']['step_us'] / results['flashlab']['step_us']:>9.3f}"
+        print(f"{case:<24}" + "".join(cells) + ratio)
+    for case, results in cases.items():
+        for name, r in results.items():
+            if "error" in r:
+                print(f"  {case} {name}: {r['error']}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--cache-lens", default="1024,8192")
+    parser.add_argument("--heads", default="32/8")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--tiny", default="4x128,4x512", help="BxS problems of flash_attn_func "
+                        "(16 heads, head_dim 64, causal); empty: none")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--loops", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_api.py: no CUDA device; nothing to time", file=sys.stderr)
+        return 3
+    import flashlab
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    heads, kv_heads = (int(x) for x in args.heads.split("/"))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashlab from "
+          f"{flashlab.library_path()}")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "decode": {}, "tiny": {}}
+    for batch in parse_ints(args.batches):
+        for cache_len in parse_ints(args.cache_lens):
+            case = f"b{batch} L{cache_len}"
+            rows = decode_rows(flashlab, batch, cache_len, heads, kv_heads, args.head_dim, dtype)
+            report["decode"][case] = run_rows(rows, args)
+            torch.cuda.empty_cache()
+    print_table(f"decode, {heads}/{kv_heads} heads, head_dim {args.head_dim}, {args.dtype}, "
+                f"{args.steps} steps a loop", report["decode"])
+    for spec in [s for s in args.tiny.split(",") if s]:
+        batch, seqlen = (int(x) for x in spec.split("x"))
+        for backward in (False, True):
+            case = f"{batch}x{seqlen}x16x64 {'fwd+bwd' if backward else 'fwd'}"
+            rows = tiny_rows(flashlab, batch, seqlen, 16, 64, dtype, backward)
+            report["tiny"][case] = run_rows(rows, args)
+    print_table(f"flash_attn_func, causal, {args.dtype}", report["tiny"])
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(report, file, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+// Values the host never reads on the default path (cu_seqlens, cache_seqlens,
+// block_table: they live on the device, and reading them would cost a sync per
+// call), written once for every kernel that reads one: a value is clamped into
+// what keeps the kernel in bounds, and the first one out of range is recorded
+// in the launch's DeviceErrorLog (kernel_params.h), which the op library raises
+// at its next call or at check_device_errors(). Users: the decode kernel
+// (cache_seqlens, block_table) and the offsets guard that every
+// variable-length launch runs first (sm80/value_guard/).
+#pragma once
+
+#include "flashlab/kernel_params.h"
+
+namespace flashlab {
+
+// Records (code, indices, value, [low, high]) unless an earlier bad value of
+// this or another launch already holds the record.
+FLASHLAB_HOST_DEVICE inline void report_bad_value(DeviceErrorLog* log, DeviceErrorCode code, int index0,
+                                                  int index1, int value, int low, int high) {
+#if defined(__CUDA_ARCH__)
+  if (log == nullptr || atomicCAS(&log->claimed, 0, 1) != 0) return;
+  log->code = static_cast<int>(code);
+  log->index0 = index0;
+  log->index1 = index1;
+  log->value = value;
+  log->low = low;
+  log->high = high;
+  __threadfence_system();  // the fields reach the host before `ready` does
+  *reinterpret_cast<volatile int*>(&log->ready) = 1;
+#else
+  (void)log, (void)code, (void)index0, (void)index1, (void)value, (void)low, (void)high;
+#endif
+}
+
+// value within [low, high] (low <= high), or the nearer end of it, reported.
+FLASHLAB_HOST_DEVICE inline int guarded_value(int value, int low, int high, DeviceErrorLog* log,
+                                              DeviceErrorCode code, int index0, int index1 = -1) {
+  if (value >= low && value <= high) return value;
+  report_bad_value(log, code, index0, index1, value, low, high);
+  return value < low ? low : high;
+}
+
+}  // namespace flashlab

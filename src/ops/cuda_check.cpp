@@ -1,6 +1,8 @@
 #include "flashlab/cuda_check.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
@@ -34,6 +36,18 @@ void check_kernel_launch(const char* kernel_name, const AttentionParams& params,
     if (status != cudaSuccess)
       throw_cuda_error(status, "kernel execution (FLASHLAB_SYNC_LAUNCH=1)", file, line, context());
   }
+}
+
+void allow_dynamic_shared_memory(const void* kernel, int bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> set_bytes;  // (kernel, device) -> bytes
+  int device = 0;
+  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = set_bytes.find({kernel, device});
+  if (found != set_bytes.end() && found->second == bytes) return;
+  FLASHLAB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set_bytes[{kernel, device}] = bytes;
 }
 
 }  // namespace flashlab

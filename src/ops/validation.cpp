@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -257,9 +258,16 @@ AttentionBackwardParams params_at_head_dim(const AttentionBackwardParams& params
 
 int device_compute_capability(const at::Tensor& q) {
   if (!q.is_cuda()) return 0;
+  // Asked once per device (every call makes a parameter block or two).
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> known[kCachedDevices] = {};
+  const int device = q.get_device();
+  if (device < kCachedDevices && known[device].load(std::memory_order_relaxed) > 0)
+    return known[device].load(std::memory_order_relaxed);
   int major = 0, minor = 0;
-  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
-  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
+  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (device < kCachedDevices) known[device].store(major * 10 + minor, std::memory_order_relaxed);
   return major * 10 + minor;
 }
 

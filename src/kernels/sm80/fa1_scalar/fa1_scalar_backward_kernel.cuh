@@ -302,8 +302,7 @@ void backward_launch_with_element(const AttentionBackwardParams& params) {
     const int shared_bytes = static_cast<int>(sizeof(float)) * 4 * kBackwardThreads * stride;
     auto kernel = fa1_scalar_backward_dk_dv_kernel<Element>;
     // Above 48 KB a kernel must opt in to the larger dynamic shared memory limit.
-    FLASHLAB_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
     const dim3 grid(key_blocks, params.kv_heads, params.batch);
     kernel<<<grid, kBackwardThreads, shared_bytes, stream>>>(params);
     FLASHLAB_CHECK_LAUNCH("fa1_scalar backward dk/dv", params);
@@ -313,8 +312,7 @@ void backward_launch_with_element(const AttentionBackwardParams& params) {
   if (query_blocks > 0) {
     const int shared_bytes = static_cast<int>(sizeof(float)) * 3 * kBackwardThreads * stride;
     auto kernel = fa1_scalar_backward_dq_kernel<Element>;
-    FLASHLAB_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
     const dim3 grid(query_blocks, params.heads, params.batch);
     kernel<<<grid, kBackwardThreads, shared_bytes, stream>>>(params);
     FLASHLAB_CHECK_LAUNCH("fa1_scalar backward dq", params);

@@ -215,8 +215,7 @@ void launch_with_head_dim(const AttentionParams& params) {
                                          (kPlantedRowMaxBug ? kBlockQ : 0));
   auto kernel = fa1_scalar_kernel<Element, kHeadDimPadded, kPlantedRowMaxBug>;
   // Above 48 KB a kernel must opt in to the larger dynamic shared memory limit.
-  FLASHLAB_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
   const dim3 grid((params.seqlen_q + kBlockQ - 1) / kBlockQ, params.heads, params.batch);
   kernel<<<grid, kBlockQ, shared_bytes, static_cast<cudaStream_t>(params.stream)>>>(params);
   FLASHLAB_CHECK_LAUNCH("fa1_scalar", params);

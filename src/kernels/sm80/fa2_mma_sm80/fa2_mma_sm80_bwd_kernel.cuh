@@ -640,10 +640,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   if (p.seqlen_k > 0) {
     const auto launch_main = [&](auto kernel) {
       constexpr int kSmem = Tr::kSmemBytes;
-      if constexpr (kSmem > 48 * 1024) {
-        FLASHLAB_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-      }
+      if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), kSmem);
       const int key_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
       const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
       kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p, workspace.dq_accum_slot_stride, slot_first);

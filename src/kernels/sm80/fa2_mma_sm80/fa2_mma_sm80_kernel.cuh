@@ -404,10 +404,7 @@ void launch_forward(const AttentionParams& params) {
     if (params.trace.enabled()) kernel = fa2_forward_kernel<Tr, Element, true, kPlantedSkipRescaleTile>;
   }
   constexpr int kSmem = Tr::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    FLASHLAB_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  }
+  if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), kSmem);
   const dim3 grid((params.seqlen_q + Tr::kBlockQ - 1) / Tr::kBlockQ, params.heads,
                   params.batch);
   kernel<<<grid, Tr::kThreads, kSmem, static_cast<cudaStream_t>(params.stream)>>>(params);

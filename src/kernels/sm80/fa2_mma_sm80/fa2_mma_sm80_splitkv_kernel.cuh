@@ -577,8 +577,7 @@ template <class Kernel, class... Args>
 bool launch_in_clusters(Kernel kernel, ResidentClusters& resident, dim3 grid, int threads, int smem_bytes,
                         int cluster_size, cudaStream_t stream, Args... args) {
   const int one_per_sm_bytes = std::max(smem_bytes, shared_memory_per_multiprocessor() / 2);
-  FLASHLAB_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, one_per_sm_bytes));
+  allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), one_per_sm_bytes);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
@@ -631,10 +630,8 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
         !launch_in_clusters(kernel, resident_clusters[params.block_timeline != nullptr], grid, Tr::kThreads,
                             Tr::kSmemBytes, cluster_size, stream, static_cast<const KvCacheParams&>(params),
                             o_partial, lse_partial, num_splits)) {
-      if constexpr (Tr::kSmemBytes > 48 * 1024) {  // (a cluster launch may have raised it)
-        FLASHLAB_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
-      }
+      if constexpr (Tr::kSmemBytes > 48 * 1024)  // (a cluster launch may have raised it)
+        allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
       kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(params, o_partial, lse_partial, num_splits);
     }
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV)", params);

@@ -108,17 +108,6 @@ DeviceLimits device_limits() {
   return entry->second;
 }
 
-void allow_shared_memory(const void* kernel, int bytes) {
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> allowed;  // (kernel, device)
-  int device = 0;
-  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (allowed.emplace(kernel, device).second)
-    FLASHLAB_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
 size_t workspace_bytes(const AttentionParams& params) {
   bool dynamic = false;
   if (HeadDims::contains(params.head_dim))

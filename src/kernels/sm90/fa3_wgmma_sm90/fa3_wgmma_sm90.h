@@ -107,7 +107,6 @@ struct DeviceLimits {
   int l2_bytes = 0;
 };
 DeviceLimits device_limits();
-void allow_shared_memory(const void* kernel, int bytes);
 
 // Work tiles of unequal length: causal / window masks, varlen batches.
 inline bool unequal_work_tiles(const AttentionParams& params) {

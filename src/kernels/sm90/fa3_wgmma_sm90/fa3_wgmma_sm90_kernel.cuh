@@ -610,7 +610,7 @@ void launch_forward(const AttentionParams& params) {
   auto kernel = params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
                 : dynamic              ? dynamic_kernel<Tr, Element>()
                                        : fa3_forward_kernel<Tr, Element, false>;
-  allow_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
+  allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   KernelArguments args;
   args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM);
   args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);

@@ -118,7 +118,10 @@ void raise_recorded(int device, const char* when) {
   record->ready = 0;
   std::atomic_thread_fence(std::memory_order_seq_cst);
   record->claimed = 0;
-  TORCH_CHECK(false, "flashlab: ", when, " on cuda:", device, " met a bad value on the device: ", describe(copy),
+  // Only strings in the message: an int streamed into it crashed in the Python
+  // extension on the H100 machine (torch 2.11; session 19, call 3, cuda-gdb).
+  TORCH_CHECK(false, "flashlab: ", when, " on cuda:", std::to_string(device), " met a bad value on the device: ",
+              describe(copy),
               ". The kernel kept in bounds by clamping it, so that call's output is not the attention that was "
               "asked for. (Values on the device are checked before the launch only in strict mode: "
               "FLASHLAB_STRICT_CHECKS=1, set_strict_checks(true) or options.strict_checks.)");

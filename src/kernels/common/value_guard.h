@@ -13,10 +13,11 @@
 namespace flashlab {
 
 // Records (code, indices, value, [low, high]) unless an earlier bad value of
-// this or another launch already holds the record.
-FLASHLAB_HOST_DEVICE inline void report_bad_value(DeviceErrorLog* log, DeviceErrorCode code, int index0,
-                                                  int index1, int value, int low, int high) {
+// this or another launch already holds the record. Out of line on the device:
+// the kernels only branch to it, so the check costs their hot loops a compare.
 #if defined(__CUDA_ARCH__)
+static __device__ __noinline__ void report_bad_value(DeviceErrorLog* log, DeviceErrorCode code, int index0,
+                                                     int index1, int value, int low, int high) {
   if (log == nullptr || atomicCAS(&log->claimed, 0, 1) != 0) return;
   log->code = static_cast<int>(code);
   log->index0 = index0;
@@ -26,10 +27,10 @@ FLASHLAB_HOST_DEVICE inline void report_bad_value(DeviceErrorLog* log, DeviceErr
   log->high = high;
   __threadfence_system();  // the fields reach the host before `ready` does
   *reinterpret_cast<volatile int*>(&log->ready) = 1;
-#else
-  (void)log, (void)code, (void)index0, (void)index1, (void)value, (void)low, (void)high;
-#endif
 }
+#else
+inline void report_bad_value(DeviceErrorLog*, DeviceErrorCode, int, int, int, int, int) {}
+#endif
 
 // value within [low, high] (low <= high), or the nearer end of it, reported.
 FLASHLAB_HOST_DEVICE inline int guarded_value(int value, int low, int high, DeviceErrorLog* log,

@@ -82,26 +82,25 @@ __device__ __forceinline__ int kvcache_seqlen_k(const KvCacheParams& p, int batc
   return p.cache_seqlens == nullptr ? p.seqlen_k : kvcache_cached_keys(p, batch) + p.seqlen_new;
 }
 
-// Where key `key` of sequence `batch` (kv head 0) sits in a cache with these
-// strides: contiguous, or through the block table's page of that key. A page
-// entry that is not a page of the cache is reported and gives valid = false:
-// nothing is read from or written to it.
-struct CacheRow {
-  int64_t offset = 0;
-  bool valid = true;
-};
-__device__ __forceinline__ CacheRow cache_row(const KvCacheParams& p, int batch, int key, int64_t batch_stride,
-                                              int64_t row_stride) {
+// Element offset of key `key` of sequence `batch` (kv head 0) in a cache with
+// these strides: contiguous, or through the block table's page of that key. A
+// page entry that is not a page of the cache is reported and read as page 0 (in
+// bounds; that sequence's result is not the attention asked for, and says so
+// at the next call); the append kernel writes nothing through one.
+__device__ __forceinline__ int cache_page(const KvCacheParams& p, int batch, int key) {
+  const int slot = key / p.page_size;
+  const int page = p.block_table[batch * p.block_table_batch_stride + slot];
+  if (static_cast<unsigned>(page) < static_cast<unsigned>(p.num_pages)) return page;
+  report_bad_value(p.error_log, DeviceErrorCode::block_table, batch, slot, page, 0, p.num_pages - 1);
+  return -1;
+}
+__device__ __forceinline__ int64_t cache_row_offset(const KvCacheParams& p, int batch, int key,
+                                                    int64_t batch_stride, int64_t row_stride) {
   if (p.is_paged()) {
-    const int slot = key / p.page_size;
-    const int page = p.block_table[batch * p.block_table_batch_stride + slot];
-    if (page < 0 || page >= p.num_pages) {
-      report_bad_value(p.error_log, DeviceErrorCode::block_table, batch, slot, page, 0, p.num_pages - 1);
-      return {0, false};
-    }
-    return {page * batch_stride + (key % p.page_size) * row_stride, true};
+    const int page = max(cache_page(p, batch, key), 0);
+    return page * batch_stride + (key % p.page_size) * row_stride;
   }
-  return {batch * batch_stride + key * row_stride, true};
+  return batch * batch_stride + key * row_stride;
 }
 
 // One thread per 16-byte piece of a new key row and the matching value row.
@@ -125,19 +124,19 @@ __global__ void append_kernel(const KvCacheParams p) {
     return;
   }
   const int key = cached + row;
-  const CacheRow k_row = cache_row(p, batch, key, p.k_batch_stride, p.k_row_stride);
-  const CacheRow v_row = cache_row(p, batch, key, p.v_batch_stride, p.v_row_stride);
-  if (!k_row.valid || !v_row.valid) return;
+  if (p.is_paged() && cache_page(p, batch, key) < 0) return;
   // The caches are the attention's k and v: written in place here (the
   // tensors behind them are mutable; the attention only reads).
   Element* k_cache = const_cast<Element*>(static_cast<const Element*>(p.k));
   Element* v_cache = const_cast<Element*>(static_cast<const Element*>(p.v));
   const auto* k_new = static_cast<const Element*>(p.k_new);
   const auto* v_new = static_cast<const Element*>(p.v_new);
-  *reinterpret_cast<uint4*>(k_cache + k_row.offset + head * p.k_head_stride + col) =
+  *reinterpret_cast<uint4*>(k_cache + cache_row_offset(p, batch, key, p.k_batch_stride, p.k_row_stride) +
+                            head * p.k_head_stride + col) =
       *reinterpret_cast<const uint4*>(k_new + batch * p.k_new_batch_stride + row * p.k_new_row_stride +
                                       head * p.k_new_head_stride + col);
-  *reinterpret_cast<uint4*>(v_cache + v_row.offset + head * p.v_head_stride + col) =
+  *reinterpret_cast<uint4*>(v_cache + cache_row_offset(p, batch, key, p.v_batch_stride, p.v_row_stride) +
+                            head * p.v_head_stride + col) =
       *reinterpret_cast<const uint4*>(v_new + batch * p.v_new_batch_stride + row * p.v_new_row_stride +
                                       head * p.v_new_head_stride + col);
 }
@@ -234,13 +233,11 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const uint32_t warp_ring = ring_smem + warp * kStages * 2 * Tr::kChunkBytes;
   auto load_chunk = [&](int j, int stage) {
     const int key0 = chunk_of(j) * kChunk;
-    // page_size is a multiple of 16: the chunk's keys share one page. A bad
-    // page entry leaves the chunk's keys zero-filled (reported in cache_row).
-    const CacheRow k_row = cache_row(p, batch, key0, p.k_batch_stride, p.k_row_stride);
-    const CacheRow v_row = cache_row(p, batch, key0, p.v_batch_stride, p.v_row_stride);
-    const int chunk_keys = k_row.valid && v_row.valid ? seqlen_k - key0 : 0;
-    const Element* k_chunk = k + k_row.offset + kv_head * p.k_head_stride;
-    const Element* v_chunk = v + v_row.offset + kv_head * p.v_head_stride;
+    // page_size is a multiple of 16: the chunk's keys share one page.
+    const Element* k_chunk = k + cache_row_offset(p, batch, key0, p.k_batch_stride, p.k_row_stride) +
+                             kv_head * p.k_head_stride;
+    const Element* v_chunk = v + cache_row_offset(p, batch, key0, p.v_batch_stride, p.v_row_stride) +
+                             kv_head * p.v_head_stride;
     const uint32_t k_dst = warp_ring + stage * 2 * Tr::kChunkBytes;
     const uint32_t v_dst = k_dst + Tr::kChunkBytes;
 #pragma unroll
@@ -250,7 +247,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
       // Keys past the sequence end are zero-filled, never read: the cache
       // beyond cache_seqlens may hold anything, and P = 0 times a NaN there
       // would still be NaN.
-      const bool valid = r < chunk_keys;
+      const bool valid = key0 + r < seqlen_k;
       // With an L2 prefetch of a key's row: 256 bytes at head_dim 128, +1-2%
       // GB/s on the H100 (decode b8-b32, 32k-128k keys, same-run A/B); 128
       // below, where 256 reached into the next head's row (d64, batch 32 x

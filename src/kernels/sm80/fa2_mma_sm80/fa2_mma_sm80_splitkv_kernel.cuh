@@ -67,62 +67,46 @@ namespace flashlab::fa2_mma_sm80 {
 
 using namespace ::flashlab::sm80;
 
-// cache_seqlens and block_table are read on the device only (no host sync):
-// whatever they hold, the split kernel stays in bounds by clamping them here,
-// with plain min/max and no call in its loops (a report call there cost the
-// decode up to 18% in session 19's A/B, even untaken); the first block of each
-// sequence checks them before its main loop and reports the first bad one
-// (check_cache_values), and the append kernel writes nothing through a bad one.
+// Keys sequence `batch` attends to: its cached keys plus the appended ones.
+// cache_seqlens[batch] is read on the device only: outside [0, capacity -
+// seqlen_new] it is clamped into it and reported (common/value_guard.h).
 __device__ __forceinline__ DeviceErrorCode cache_seqlens_code(const KvCacheParams& p) {
   return p.is_paged() ? DeviceErrorCode::cache_seqlens_paged : DeviceErrorCode::cache_seqlens;
 }
-__device__ __forceinline__ bool cached_keys_valid(const KvCacheParams& p, int cached) {
-  return cached >= 0 && cached <= p.seqlen_k - p.seqlen_new;
+__device__ __forceinline__ int kvcache_cached_keys(const KvCacheParams& p, int batch) {
+  // (index1 carries the capacity, for the message.)
+  return guarded_value(p.cache_seqlens[batch], 0, p.seqlen_k - p.seqlen_new, p.error_log,
+                       cache_seqlens_code(p), batch, p.seqlen_k);
 }
-
-// Keys sequence `batch` attends to: its cached keys (clamped into [0, capacity
-// - seqlen_new]) plus the appended ones.
 __device__ __forceinline__ int kvcache_seqlen_k(const KvCacheParams& p, int batch) {
-  if (p.cache_seqlens == nullptr) return p.seqlen_k;
-  return min(max(p.cache_seqlens[batch], 0), p.seqlen_k - p.seqlen_new) + p.seqlen_new;
-}
-
-// The page holding key `key` of sequence `batch`; an entry that is not a page
-// of the cache reads as the last page (in bounds; reported by check_cache_values).
-__device__ __forceinline__ int cache_page(const KvCacheParams& p, int batch, int key) {
-  const int page = p.block_table[batch * p.block_table_batch_stride + key / p.page_size];
-  return static_cast<int>(min(static_cast<unsigned>(page), static_cast<unsigned>(p.num_pages - 1)));
+  return p.cache_seqlens == nullptr ? p.seqlen_k : kvcache_cached_keys(p, batch) + p.seqlen_new;
 }
 
 // Element offset of key `key` of sequence `batch` (kv head 0) in a cache with
-// these strides: contiguous, or through the block table's page of that key.
+// these strides: contiguous, or through the block table's page of that key. A
+// page entry that is not a page of the cache is reported and read as page 0 (in
+// bounds; that sequence's result is not the attention asked for, and says so
+// at the next call); the append kernel writes nothing through one.
+// Cost (H100, session 19, same-run A/B against 25c3c2b, call 4): the report
+// call in the chunk loop, though never taken, makes the paged decode 1.6-18%
+// slower (batch 8 x 8k 97.7 -> 115.7 us) and the contiguous one up to 4.9%
+// (batch 1 x 1k); plain min/max clamps there with the check in a noinline
+// function at the block's start were worse (call 5: up to 41%). Open: a
+// split kernel with no call at all, the values checked elsewhere.
+__device__ __forceinline__ int cache_page(const KvCacheParams& p, int batch, int key) {
+  const int slot = key / p.page_size;
+  const int page = p.block_table[batch * p.block_table_batch_stride + slot];
+  if (static_cast<unsigned>(page) < static_cast<unsigned>(p.num_pages)) return page;
+  report_bad_value(p.error_log, DeviceErrorCode::block_table, batch, slot, page, 0, p.num_pages - 1);
+  return -1;
+}
 __device__ __forceinline__ int64_t cache_row_offset(const KvCacheParams& p, int batch, int key,
                                                     int64_t batch_stride, int64_t row_stride) {
-  if (p.is_paged()) return cache_page(p, batch, key) * batch_stride + (key % p.page_size) * row_stride;
+  if (p.is_paged()) {
+    const int page = max(cache_page(p, batch, key), 0);
+    return page * batch_stride + (key % p.page_size) * row_stride;
+  }
   return batch * batch_stride + key * row_stride;
-}
-
-// Reports the first bad cache_seqlens[batch] or page entry sequence `batch`
-// uses (its first cached + seqlen_new keys), a warp's lanes reading the
-// entries. Out of line: called once, by one block of the sequence.
-static __device__ __noinline__ void check_cache_values(const KvCacheParams& p, int batch, int lane) {
-  int keys = p.seqlen_k;
-  if (p.cache_seqlens != nullptr) {
-    const int cached = p.cache_seqlens[batch];
-    if (!cached_keys_valid(p, cached)) {
-      // (index1 carries the capacity, for the message.)
-      if (lane == 0)
-        report_bad_value(p.error_log, cache_seqlens_code(p), batch, p.seqlen_k, cached, 0, p.seqlen_k - p.seqlen_new);
-      return;
-    }
-    keys = cached + p.seqlen_new;
-  }
-  if (!p.is_paged()) return;
-  for (int slot = lane; slot * p.page_size < keys; slot += 32) {
-    const int page = p.block_table[batch * p.block_table_batch_stride + slot];
-    if (page < 0 || page >= p.num_pages)
-      report_bad_value(p.error_log, DeviceErrorCode::block_table, batch, slot, page, 0, p.num_pages - 1);
-  }
 }
 
 // One thread per 16-byte piece of a new key row and the matching value row.
@@ -139,14 +123,14 @@ __global__ void append_kernel(const KvCacheParams p) {
   const int batch = static_cast<int>(rest / p.seqlen_new);
   // A sequence whose length is out of range appends nothing (its rows would
   // land outside its cache or where its length does not say), nor does a row
-  // whose page entry is not a page of the cache (check_cache_values reports both).
+  // whose page entry is not a page of the cache; both are reported.
   const int cached = p.cache_seqlens[batch];
-  if (!cached_keys_valid(p, cached)) return;
-  const int key = cached + row;
-  if (p.is_paged()) {
-    const int page = p.block_table[batch * p.block_table_batch_stride + key / p.page_size];
-    if (page < 0 || page >= p.num_pages) return;
+  if (cached < 0 || cached > p.seqlen_k - p.seqlen_new) {
+    report_bad_value(p.error_log, cache_seqlens_code(p), batch, p.seqlen_k, cached, 0, p.seqlen_k - p.seqlen_new);
+    return;
   }
+  const int key = cached + row;
+  if (p.is_paged() && cache_page(p, batch, key) < 0) return;
   // The caches are the attention's k and v: written in place here (the
   // tensors behind them are mutable; the attention only reads).
   Element* k_cache = const_cast<Element*>(static_cast<const Element*>(p.k));
@@ -285,9 +269,6 @@ __global__ void __launch_bounds__(Tr::kThreads)
     if (s < my_chunks) load_chunk(s, s);
     cp_async_commit();
   }
-  // One block a sequence checks its device-side values while its first copies fly.
-  if (p.error_log != nullptr && split == 0 && blockIdx.y == 0 && kv_head == 0 && warp == 0)
-    check_cache_values(p, batch, lane);
   cp_async_wait<kStages - 1>();  // this thread's Q pieces (the oldest group) have landed
   __syncthreads();               // everyone's have
 

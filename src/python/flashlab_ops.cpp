@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flashlab/attention.h"
@@ -287,15 +288,53 @@ bool set_strict(bool on) {
 
 bool strict() { return strict_checks(); }
 
+// A problem the kernel is asked about (no device: compute capability 0): one
+// contiguous (1, 128, 1, head_dim) sequence of `dtype`.
+AttentionParams probe(int head_dim, DataType dtype) {
+  AttentionParams params;
+  params.batch = params.heads = params.kv_heads = 1;
+  params.seqlen_q = params.seqlen_k = 128;
+  params.head_dim = head_dim;
+  params.dtype = dtype;
+  params.q_head_stride = params.k_head_stride = params.v_head_stride = params.out_head_stride = head_dim;
+  params.q_row_stride = params.k_row_stride = params.v_row_stride = params.out_row_stride = head_dim;
+  params.q_batch_stride = params.k_batch_stride = params.v_batch_stride = params.out_batch_stride = 128 * head_dim;
+  params.lse_batch_stride = params.lse_head_stride = 128;
+  return params;
+}
+
+// The head dims the kernel has code for (those it runs a problem at, 1 to 256:
+// what its padded_head_dim maps every head dim to) that its unsupported_reason
+// takes in fp16, and the dtypes it takes at the first of them.
+std::pair<std::vector<int>, std::vector<std::string>> head_dims_and_dtypes(const KernelVariant& kernel) {
+  std::vector<int> head_dims;
+  for (int head_dim = 1; head_dim <= 256; ++head_dim) {
+    const int runs_at = padded_head_dim(kernel, head_dim);
+    if (runs_at == head_dim && kernel.unsupported_reason(probe(head_dim, DataType::float16)).empty())
+      head_dims.push_back(head_dim);
+  }
+  std::vector<std::string> dtypes;
+  if (!head_dims.empty())
+    for (const DataType dtype : {DataType::float16, DataType::bfloat16, DataType::float32})
+      if (kernel.unsupported_reason(probe(head_dims.front(), dtype)).empty()) dtypes.push_back(data_type_name(dtype));
+  return {head_dims, dtypes};
+}
+
 // One entry per registered kernel, fastest first (the order "auto" tries):
-// "name\tforward[,backward][,kvcache]\tsummary". No device access.
+// "name\tforward[,backward][,kvcache]\tsummary\tdtypes\thead dims" (dtypes
+// "fp16,bf16[,fp32]", head dims the ones it has code for, "64,128,256").
+// No device access.
 std::vector<std::string> kernels() {
   std::vector<std::string> entries;
   for (const auto& kernel : registered_kernels()) {
     std::string passes = "forward";
     if (kernel.backward_launch != nullptr) passes += ",backward";
     if (kernel.kvcache_launch != nullptr) passes += ",kvcache";
-    entries.push_back(kernel.name + "\t" + passes + "\t" + kernel.summary);
+    const auto [head_dims, dtypes] = head_dims_and_dtypes(kernel);
+    std::string dims, types;
+    for (const int head_dim : head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(head_dim);
+    for (const std::string& dtype : dtypes) types += (types.empty() ? "" : ",") + dtype;
+    entries.push_back(kernel.name + "\t" + passes + "\t" + kernel.summary + "\t" + types + "\t" + dims);
   }
   return entries;
 }

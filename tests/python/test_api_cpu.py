@@ -67,6 +67,13 @@ def test_the_registry_lists_the_kernels_with_their_passes():
     assert "fp32" in kernels["fa1_scalar"].summary  # the float32-capable kernel
     if "fa3_wgmma_sm90" in kernels:
         assert not kernels["fa3_wgmma_sm90"].backward
+        assert kernels["fa3_wgmma_sm90"].head_dims == (64, 128, 256)
+        assert kernels["fa3_wgmma_sm90"].dtypes == ("fp16", "bf16")
+    # What the tests read instead of the summary line: dtypes and head dims from the registry.
+    assert kernels["fa1_scalar"].dtypes == ("fp16", "bf16", "fp32")
+    assert kernels["fa1_scalar"].head_dims == tuple(range(1, 129))
+    assert kernels["fa2_mma_sm80"].head_dims == (32, 64, 96, 128, 256)
+    assert kernels["fa2_mma_sm80"].runs_head_dim(59) and not kernels["fa1_scalar"].runs_head_dim(160)
 
 
 # ---------------------------------------------------------------------------

@@ -184,10 +184,13 @@ def test_flash_attn_varlen_output(dtype, head_dim, seqlens, causal, local, mha_t
 
 
 def kernel_cases():
+    """Every registered kernel in every dtype it takes, at head dims the public API runs on it
+    (the registry's head dims, padding up to the next), both read from flashlab.kernels()."""
+    dtypes_by_name = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     cases = []
     for name, info in flashlab.kernels().items():
-        dtypes = DTYPES + ([torch.float32] if "fp32" in info.summary else [])
-        head_dims = [32, 59, 128] if name == "fa1_scalar" else [59, 64, 128, 256]
+        dtypes = [dtypes_by_name[d] for d in info.dtypes]
+        head_dims = [d for d in (32, 59, 64, 128, 256) if info.runs_head_dim(d)]
         for dtype, head_dim, seqlens, causal in itertools.product(
                 dtypes, head_dims, [(113, 203), (1024, 1023)], [False, True]):
             case = (name, dtype, head_dim, seqlens, causal)

@@ -57,12 +57,20 @@ def load() -> Path:
 
 
 class KernelInfo:
-    """One registered kernel: its name, its passes and the registry's summary line."""
+    """One registered kernel: its name, its passes, the registry's summary line, the dtypes it
+    takes ("fp16", "bf16", "fp32") and the head dims it has code for (the public API pads any
+    smaller head dim up to the next of them)."""
 
-    __slots__ = ("name", "backward", "kvcache", "summary")
+    __slots__ = ("name", "backward", "kvcache", "summary", "dtypes", "head_dims")
 
-    def __init__(self, name: str, backward: bool, kvcache: bool, summary: str):
+    def __init__(self, name: str, backward: bool, kvcache: bool, summary: str,
+                 dtypes: tuple = (), head_dims: tuple = ()):
         self.name, self.backward, self.kvcache, self.summary = name, backward, kvcache, summary
+        self.dtypes, self.head_dims = tuple(dtypes), tuple(head_dims)
+
+    def runs_head_dim(self, head_dim: int) -> bool:
+        """Whether the public API can run head_dim on this kernel (at it, or padded up)."""
+        return any(h >= head_dim for h in self.head_dims)
 
     def __repr__(self) -> str:
         passes = ["forward"] + (["backward"] if self.backward else []) + (["kvcache"] if self.kvcache else [])
@@ -73,7 +81,9 @@ def read_kernels() -> dict[str, KernelInfo]:
     """The registry, fastest first (the order "auto" tries), from flashlab::kernels."""
     kernels = {}
     for entry in torch.ops.flashlab.kernels():
-        name, passes, summary = entry.split("\t", 2)
+        name, passes, summary, dtypes, head_dims = entry.split("\t", 4)
         passes = passes.split(",")
-        kernels[name] = KernelInfo(name, "backward" in passes, "kvcache" in passes, summary)
+        kernels[name] = KernelInfo(name, "backward" in passes, "kvcache" in passes, summary,
+                                   tuple(d for d in dtypes.split(",") if d),
+                                   tuple(int(h) for h in head_dims.split(",") if h))
     return kernels

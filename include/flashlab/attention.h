@@ -48,8 +48,9 @@ struct AttentionOptions {
 // block_table on the host by default (a read is a device sync per call, and
 // breaks CUDA graph capture). The kernels keep in bounds whatever those tensors
 // hold: a length or offset out of range is clamped into it, a page entry that
-// is not a page of the cache is neither read nor written, no cache row outside
-// a sequence's own is written; and the first bad value is recorded on the
+// is not a page of the cache is read as page 0 (in bounds) and never written
+// through, no cache row outside a sequence's own is written; and the first bad
+// value is recorded on the
 // device. The next launch on that device (any entry point) or
 // check_device_errors() raises it as a c10::Error naming the tensor, the index
 // and the value. In strict mode the values are copied to the host and checked

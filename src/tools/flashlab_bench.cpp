@@ -35,6 +35,11 @@
 //     --flush-l2=on|off --torch-layout=bhsd|cache --samples=100. Reports the
 //     achieved GB/s of K/V read and its fraction of a device-to-device copy's
 //     bandwidth measured in the same run (see "--decode" below).
+//   --decode --api: what a caller of the public C++ API gets: a loop of 200
+//     decode steps through flashlab::attention_with_kvcache (validation,
+//     allocation, launch; host time included) against the same loop of SDPA
+//     calls, timed with events around the whole loop (scripts/bench_api.py
+//     does the same through the Python API).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <benchmark/benchmark.h>
@@ -85,6 +90,8 @@ const std::vector<std::string> kBackwardBackends = {"flash", "cudnn"};
 const std::string kDeterministicSuffix = "(det)";
 // --decode's default torch backends (the yardsticks).
 const std::vector<std::string> kDecodeBackends = {"flash", "cudnn"};
+// --decode --api: loops of kApiSteps calls, kApiLoops of them a row by default.
+constexpr int kApiSteps = 200, kApiLoops = 15;
 
 struct BenchConfig {
   std::vector<int> head_dims = {64, 128};
@@ -111,6 +118,7 @@ struct BenchConfig {
   bool torch_bhsd = true;    // SDPA gets contiguous (B, H, L, D) copies; false: views of the cache
   bool plain_read = true;    // a plain_read row per case: K and V read and nothing else
   int samples = 100;         // timed calls per row (fixed: Google Benchmark's Iterations)
+  bool api = false;          // time loops of the public API's calls (host time included)
 };
 
 // "32/8,64/8" -> {(32, 8), (64, 8)}; "16" -> {(16, 16)}. Query heads a multiple of kv heads.
@@ -135,6 +143,7 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
   std::vector<std::string> kernels;
   bool kernels_given = false;
   bool head_dims_given = false;
+  bool samples_given = false;
   // Flags that belong to one mode only, to say so when given in the other.
   std::vector<std::string> forward_only, decode_only;
   using flashlab::parse_int;
@@ -270,9 +279,17 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                     flashlab::parse_choice<bool>("--torch-layout", v, {{"bhsd", true}, {"cache", false}});
                 decode_only.push_back("--torch-layout");
               })
+      .flag("--api",
+            "--decode: time loops of 200 steps through the public C++ API\n(flashlab::attention_with_kvcache: "
+            "checks, allocation, launch) and\nof SDPA calls, host time included; --samples loops a row (default 15)",
+            [&] {
+              config.api = true;
+              decode_only.push_back("--api");
+            })
       .option("--samples", "N", "--decode: timed calls per row, after at least 3 warm-ups\nand 50 ms of them (default 100)",
               [&](const std::string& v) {
                 config.samples = parse_int("--samples", v, 1, kIntMax);
+                samples_given = true;
                 decode_only.push_back("--samples");
               })
       .pass_through("--benchmark_", "Google Benchmark's own flags (--benchmark_filter=REGEX, --benchmark_out=FILE, ...)");
@@ -290,6 +307,10 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
   if (config.decode) {
     if (!head_dims_given) config.head_dims = {128};
     if (!config.backends_given) config.backends = kDecodeBackends;
+    if (config.api) {
+      if (!samples_given) config.samples = kApiLoops;
+      config.flush_l2 = false, config.plain_read = false;  // a loop of steps; nothing to stream
+    }
     if (kernels_given) {
       // Only kernels with a KV-cache path time decoding.
       std::vector<std::string> accepted = {"all"};
@@ -844,6 +865,11 @@ DecodeCall make_kernel_decode_call(const std::string& implementation, const Deco
   result.splits = flashlab::kvcache_splits(kernel, params);
   // out and lse ride along: params points into them.
   result.call = [&kernel, params, out, lse] { flashlab::run_kvcache_kernel(kernel, params); };
+  if (config.api) {  // what a caller gets: checks, allocation, launch
+    result.call = [q = in.q, k, v, options] { flashlab::attention_with_kvcache(q, k, v, options); };
+    result.run = [q = in.q, k, v, options] { return flashlab::attention_with_kvcache(q, k, v, options).out.select(1, 0); };
+    return result;
+  }
   result.run = [out, call = result.call] {
     out.fill_(std::numeric_limits<float>::quiet_NaN());
     call();
@@ -975,9 +1001,16 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
     std::vector<float> times;
     int expired = 0;
     for (auto _ : state) {
-      if (l2_flush) (*l2_flush)();  // before the start event: not timed
-      const float ms = timer.time_ms(call.call, &gate);
-      expired += gate.expired();
+      float ms = 0;
+      if (config.api) {  // a loop of steps, host time included: the time a step
+        ms = timer.time_ms([&] {
+          for (int step = 0; step < kApiSteps; ++step) call.call();
+        }) / kApiSteps;
+      } else {
+        if (l2_flush) (*l2_flush)();  // before the start event: not timed
+        ms = timer.time_ms(call.call, &gate);
+        expired += gate.expired();
+      }
       times.push_back(ms);
       state.SetIterationTime(ms * 1e-3);
     }
@@ -1056,6 +1089,10 @@ void print_decode_summary(const BenchConfig& config) {
               config.num_splits, config.num_splits == 0 ? ": its heuristic" : "",
               config.flush_l2 ? "flushed" : "not flushed",
               config.torch_bhsd ? "contiguous (B, H, L, D) copies" : "transposed views of the (B, L, H, D) cache");
+  if (config.api)
+    std::printf("--api: a row's time is one step of a loop of %d calls timed as a whole (median of %d loops): "
+                "kernels through flashlab::attention_with_kvcache, host time included\n",
+                kApiSteps, config.samples);
 }
 
 // --decode in place of the forward benchmark; returns the exit code.
@@ -1073,6 +1110,7 @@ int run_decode(const BenchConfig& config) {
   benchmark::AddCustomContext("torch_layout", config.torch_bhsd ? "bhsd" : "cache");
   benchmark::AddCustomContext("page_size", std::to_string(config.page_size));
   benchmark::AddCustomContext("num_splits", std::to_string(config.num_splits));
+  benchmark::AddCustomContext("timing", config.api ? "api loop of " + std::to_string(kApiSteps) : "device, gated");
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
   std::printf("copy bandwidth: %.0f GB/s ((read + write) / time, %zu GiB copy_); %.1f GiB free for the cases\n",
               copy_gbps, kCopyBytes >> 30, free_bytes / double(1 << 30));

@@ -24,7 +24,9 @@
 //      key);
 //   3. combine_kernel (more than one split): per (batch, head, query row),
 //      out = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s);
-//      on sm_90 a programmatic dependent launch of the split kernel.
+//      on sm_90 a programmatic dependent launch of the split kernel, which
+//      first checks cache_seqlens and block_table while the split kernel runs
+//      (with one split, a warp of the split kernel does).
 // The masks (causal / window bottom-right, sequence end), the online-softmax
 // rule and the PTX wrappers come from src/kernels/common/.
 //
@@ -67,46 +69,59 @@ namespace flashlab::fa2_mma_sm80 {
 
 using namespace ::flashlab::sm80;
 
-// Keys sequence `batch` attends to: its cached keys plus the appended ones.
-// cache_seqlens[batch] is read on the device only: outside [0, capacity -
-// seqlen_new] it is clamped into it and reported (common/value_guard.h).
+// Values the host does not read (cache_seqlens, block_table; see
+// common/value_guard.h) are clamped where the kernels use them, with no report:
+// cache_seqlens into [0, capacity - seqlen_new], a page entry that is not a page
+// of the cache read as page 0 (in bounds; that sequence's result is not the
+// attention asked for). check_kvcache_values reports them: in the combine
+// kernel while the split kernel runs, or with one split (no combine) in one
+// warp of the split kernel's first block of each sequence, inline, while its
+// first chunks load. Never a call in the split kernel: any call site there,
+// even one never taken, cost its key loop (H100, session 19, same-run A/B
+// against 25c3c2b: the paged decode up to 18% slower with a report call in the
+// chunk loop, up to 41% with one at the block's start).
 __device__ __forceinline__ DeviceErrorCode cache_seqlens_code(const KvCacheParams& p) {
   return p.is_paged() ? DeviceErrorCode::cache_seqlens_paged : DeviceErrorCode::cache_seqlens;
 }
-__device__ __forceinline__ int kvcache_cached_keys(const KvCacheParams& p, int batch) {
-  // (index1 carries the capacity, for the message.)
-  return guarded_value(p.cache_seqlens[batch], 0, p.seqlen_k - p.seqlen_new, p.error_log,
-                       cache_seqlens_code(p), batch, p.seqlen_k);
-}
 __device__ __forceinline__ int kvcache_seqlen_k(const KvCacheParams& p, int batch) {
-  return p.cache_seqlens == nullptr ? p.seqlen_k : kvcache_cached_keys(p, batch) + p.seqlen_new;
+  return p.cache_seqlens == nullptr ? p.seqlen_k
+                                    : clamped_value(p.cache_seqlens[batch], 0, p.seqlen_k - p.seqlen_new) +
+                                          p.seqlen_new;
 }
 
 // Element offset of key `key` of sequence `batch` (kv head 0) in a cache with
-// these strides: contiguous, or through the block table's page of that key. A
-// page entry that is not a page of the cache is reported and read as page 0 (in
-// bounds; that sequence's result is not the attention asked for, and says so
-// at the next call); the append kernel writes nothing through one.
-// Cost (H100, session 19, same-run A/B against 25c3c2b, call 4): the report
-// call in the chunk loop, though never taken, makes the paged decode 1.6-18%
-// slower (batch 8 x 8k 97.7 -> 115.7 us) and the contiguous one up to 4.9%
-// (batch 1 x 1k); plain min/max clamps there with the check in a noinline
-// function at the block's start were worse (call 5: up to 41%). Open: a
-// split kernel with no call at all, the values checked elsewhere.
+// these strides: contiguous, or through the block table's page of that key.
 __device__ __forceinline__ int cache_page(const KvCacheParams& p, int batch, int key) {
-  const int slot = key / p.page_size;
-  const int page = p.block_table[batch * p.block_table_batch_stride + slot];
-  if (static_cast<unsigned>(page) < static_cast<unsigned>(p.num_pages)) return page;
-  report_bad_value(p.error_log, DeviceErrorCode::block_table, batch, slot, page, 0, p.num_pages - 1);
-  return -1;
+  const int page = p.block_table[batch * p.block_table_batch_stride + key / p.page_size];
+  return static_cast<unsigned>(page) < static_cast<unsigned>(p.num_pages) ? page : 0;
 }
 __device__ __forceinline__ int64_t cache_row_offset(const KvCacheParams& p, int batch, int key,
                                                     int64_t batch_stride, int64_t row_stride) {
-  if (p.is_paged()) {
-    const int page = max(cache_page(p, batch, key), 0);
-    return page * batch_stride + (key % p.page_size) * row_stride;
-  }
+  if (p.is_paged()) return cache_page(p, batch, key) * batch_stride + (key % p.page_size) * row_stride;
   return batch * batch_stride + key * row_stride;
+}
+
+// Records the first bad value of sequence `batch` (inline: see above): its
+// cache_seqlens entry, then the block-table entries its keys use (from its
+// clamped length). Threads thread, thread + threads, ... of the caller share
+// the entries.
+__device__ __forceinline__ void check_kvcache_values(const KvCacheParams& p, int batch, int thread, int threads) {
+  int keys = p.seqlen_k;
+  if (p.cache_seqlens != nullptr) {
+    const int capacity = p.seqlen_k - p.seqlen_new;
+    const int cached = p.cache_seqlens[batch];
+    // (index1 carries the capacity, for the message.)
+    if (thread == 0 && (cached < 0 || cached > capacity))
+      record_bad_value(p.error_log, cache_seqlens_code(p), batch, p.seqlen_k, cached, 0, capacity);
+    keys = clamped_value(cached, 0, capacity) + p.seqlen_new;
+  }
+  if (!p.is_paged()) return;
+  const int slots = (keys + p.page_size - 1) / p.page_size;
+  for (int slot = thread; slot < slots; slot += threads) {
+    const int page = p.block_table[batch * p.block_table_batch_stride + slot];
+    if (static_cast<unsigned>(page) >= static_cast<unsigned>(p.num_pages))
+      record_bad_value(p.error_log, DeviceErrorCode::block_table, batch, slot, page, 0, p.num_pages - 1);
+  }
 }
 
 // One thread per 16-byte piece of a new key row and the matching value row.
@@ -123,14 +138,15 @@ __global__ void append_kernel(const KvCacheParams p) {
   const int batch = static_cast<int>(rest / p.seqlen_new);
   // A sequence whose length is out of range appends nothing (its rows would
   // land outside its cache or where its length does not say), nor does a row
-  // whose page entry is not a page of the cache; both are reported.
+  // whose page entry is not a page of the cache (check_kvcache_values reports
+  // both).
   const int cached = p.cache_seqlens[batch];
-  if (cached < 0 || cached > p.seqlen_k - p.seqlen_new) {
-    report_bad_value(p.error_log, cache_seqlens_code(p), batch, p.seqlen_k, cached, 0, p.seqlen_k - p.seqlen_new);
-    return;
-  }
+  if (cached < 0 || cached > p.seqlen_k - p.seqlen_new) return;
   const int key = cached + row;
-  if (p.is_paged() && cache_page(p, batch, key) < 0) return;
+  if (p.is_paged()) {
+    const int page = p.block_table[batch * p.block_table_batch_stride + key / p.page_size];
+    if (static_cast<unsigned>(page) >= static_cast<unsigned>(p.num_pages)) return;
+  }
   // The caches are the attention's k and v: written in place here (the
   // tensors behind them are mutable; the attention only reads).
   Element* k_cache = const_cast<Element*>(static_cast<const Element*>(p.k));
@@ -269,6 +285,11 @@ __global__ void __launch_bounds__(Tr::kThreads)
     if (s < my_chunks) load_chunk(s, s);
     cp_async_commit();
   }
+  // With one split no combine runs to check the device values: the last warp
+  // of each sequence's first block does, while its first chunks load.
+  if (num_splits == 1 && blockIdx.y == 0 && kv_head == 0 && warp == kWarps - 1 &&
+      (p.cache_seqlens != nullptr || p.is_paged()))
+    check_kvcache_values(p, batch, lane, 32);
   cp_async_wait<kStages - 1>();  // this thread's Q pieces (the oldest group) have landed
   __syncthreads();               // everyone's have
 
@@ -482,11 +503,15 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
   constexpr int kColumnGroups = (HeadDim + 127) / 128;  // a lane's float4 columns: lane * 4 + 128 g
   constexpr int kSplitBatch = 16 / kColumnGroups;       // 16 float4 loads in flight a lane
   __shared__ float split_weight[kWarpsPerBlock][kMaxKvSplits];
-  pdl_wait_for_prerequisite_grid();  // the split kernel's partials are complete and visible
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen_q;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   if (row >= rows) return;
+  // While the split kernel runs, the warp of each sequence's first row checks
+  // the sequence's device values.
+  const int64_t rows_per_sequence = static_cast<int64_t>(p.heads) * p.seqlen_q;
+  if (row % rows_per_sequence == 0) check_kvcache_values(p, static_cast<int>(row / rows_per_sequence), lane, 32);
+  pdl_wait_for_prerequisite_grid();  // the split kernel's partials are complete and visible
   const int query = static_cast<int>(row % p.seqlen_q);
   const int head = static_cast<int>(row / p.seqlen_q % p.heads);
   const int batch = static_cast<int>(row / (static_cast<int64_t>(p.seqlen_q) * p.heads));

@@ -180,9 +180,13 @@ std::string compute_capability_text(int compute_capability);
 // unknown), else "fa3_wgmma_sm90 runs on compute capability 9.0 (sm_90a); this
 // device has 8.0".
 std::string architecture_reason(const KernelVariant& kernel, int compute_capability);
-// Everything that stops `kernel` from running `params`, in the order a user
-// fixes it: the problem (unsupported_reason), the device
-// (params.device_compute_capability), a requested tile trace. Empty: it can.
+// Everything that stops `kernel` from running `params` in their mode (the
+// forward, the backward, a KV-cache call), in the order a user fixes it: the
+// kernel has no such mode, the problem (the mode's unsupported_reason), the
+// device (params.device_compute_capability), what the mode asks besides (a
+// tile trace: forward only; a block timeline: KV cache). Empty: it can.
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params);
+std::string cannot_run_reason(const KernelVariant& kernel, const AttentionBackwardParams& params);
+std::string cannot_run_reason(const KernelVariant& kernel, const KvCacheParams& params);
 
 }  // namespace flashlab

@@ -11,6 +11,7 @@
 #include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/harness/random_inputs.h"
+#include "check_pipeline.h"
 #include "json_text.h"
 
 namespace flashlab {
@@ -90,14 +91,13 @@ std::string backward_unsupported_reason(const KernelVariant& kernel, const Probl
   std::string reason = unsupported_reason(kernel, spec, compute_capability);
   if (!reason.empty()) return reason;
   if (kernel.backward_launch == nullptr) return kernel.name + " has no backward pass";
-  if (kernel.backward_unsupported_reason == nullptr) return {};
   ProblemSpec shape_only = spec;
   if (!spec.is_varlen()) shape_only.batch = 1;  // support does not depend on the batch count
   const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
   AttentionBackwardParams params = backward_params(shape_only, inputs);
   if (!spec.is_varlen()) params.batch = spec.batch;
   params.device_compute_capability = compute_capability;
-  return kernel.backward_unsupported_reason(params);
+  return cannot_run_reason(kernel, params);  // the op library's own words (its backward mode)
 }
 
 const KernelVariant& resolve_backward_kernel(const ProblemSpec& spec, const ProblemInputs& inputs) {
@@ -196,66 +196,99 @@ GradientComparison compare_backward(const ProblemSpec& spec, const AttentionPara
           compare_rows("dv", gradients.dv, exact.dv, tolerance.dv.bound(), keys)};
 }
 
-BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckOptions& options) {
-  const ProblemInputs inputs = make_gpu_inputs(spec, "check_backward");
-  const KernelVariant& kernel = resolve_backward_kernel(spec, inputs);
-  const AttentionParams params = forward_params(spec, inputs);
+namespace {
 
-  // The kernel's own forward: its out and lse are what its backward is given.
-  const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
-  run_forward(kernel, spec, inputs, outputs);
-  const at::Tensor dout = make_dout(spec, inputs);
-  const Gradients gradients = poisoned_gradients(spec, inputs);
-  run_backward(kernel, spec, inputs, outputs, dout, gradients, options.deterministic);
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+// check_backward's steps (check_pipeline.h): the kernel's own forward, then
+// its backward given that forward's out and lse.
+struct BackwardCheck {
+  using Spec = ProblemSpec;
+  using Options = BackwardCheckOptions;
+  using Inputs = ProblemInputs;
+  struct Run {
+    ForwardOutputs outputs;
+    at::Tensor dout;
+    Gradients gradients;
+  };
+  struct Reference {
+    ForwardReference forward;
+    BackwardReference backward;
+  };
+  using Result = BackwardCheckResult;
+  static constexpr const char* kCheck = "check_backward";
 
-  const ForwardReference forward_reference = reference_forward(spec, inputs, params);
-  const BackwardReference reference = reference_backward(spec, inputs, dout, params);
-
-  BackwardCheckResult result;
-  result.kernel = kernel.name;
-  result.problem = spec.describe();
-  result.dout_seed = dout_seed(spec.seed);
-  result.deterministic = options.deterministic;
-  result.tiles = kernel.tile_shape(params);
-  const AttentionBackwardParams backward =
-      backward_params(spec, inputs, outputs, dout, gradients, options.deterministic);
-  result.backward_tiles = backward_tile_shape(kernel, backward);
-  result.backward_tiles_known = kernel.backward_tile_shape != nullptr;
-  if (kernel.backward_workspace_bytes != nullptr)
-    result.workspace_bytes = static_cast<int64_t>(kernel.backward_workspace_bytes(backward));
-  result.forward_tolerance = forward_tolerance(spec, forward_reference);
-  result.backward_tolerance = backward_tolerance(spec, reference);
-  ForwardComparison forward = compare_forward(spec, params, result.tiles, outputs,
-                                              forward_reference, result.forward_tolerance);
-  GradientComparison gradient_reports = compare_backward(
-      spec, params, result.backward_tiles, gradients, reference, result.backward_tolerance);
-  result.out = std::move(forward.out);
-  result.lse = std::move(forward.lse);
-  result.dq = std::move(gradient_reports.dq);
-  result.dk = std::move(gradient_reports.dk);
-  result.dv = std::move(gradient_reports.dv);
-  // NaN/inf: where the first one is and whether its row's inputs were finite.
-  bool any_nonfinite = false;
-  for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
-    any_nonfinite |= report->nan_count + report->inf_count > 0;
-  if (any_nonfinite) {
-    explain_forward_nonfinite(result.out, result.lse, outputs, forward_reference,
-                              origin_inputs(spec, inputs, params));
-    const OriginInputs origin = origin_inputs(spec, inputs, params, dout);
-    explain_nonfinite(result.dq, gradients.dq, reference.reference.dq, origin, RowKind::query);
-    explain_nonfinite(result.dk, gradients.dk, reference.reference.dk, origin, RowKind::key);
-    explain_nonfinite(result.dv, gradients.dv, reference.reference.dv, origin, RowKind::key);
+  static Inputs inputs(const Spec& spec, at::Device device) { return make_inputs(spec, device); }
+  static const KernelVariant& kernel(const Spec& spec, const Inputs& inputs) {
+    return resolve_backward_kernel(spec, inputs);
   }
-  if (options.timed_launches > 0) {
+  static Run run(const KernelVariant& kernel, const Spec& spec, const Inputs& inputs, const Options& options) {
+    Run run{poisoned_forward_outputs(spec, inputs), {}, {}};
+    run_forward(kernel, spec, inputs, run.outputs);
+    run.dout = make_dout(spec, inputs);
+    run.gradients = poisoned_gradients(spec, inputs);
+    run_backward(kernel, spec, inputs, run.outputs, run.dout, run.gradients, options.deterministic);
+    return run;
+  }
+  static Reference reference(const Spec& spec, const Inputs& inputs, const Run& run) {
+    const AttentionParams params = forward_params(spec, inputs);
+    return {reference_forward(spec, inputs, params), reference_backward(spec, inputs, run.dout, params)};
+  }
+  static Result compare(const KernelVariant& kernel, const Spec& spec, const Inputs& inputs, const Run& run,
+                        const Reference& reference, const Options& options) {
+    const AttentionParams params = forward_params(spec, inputs);
+    BackwardCheckResult result;
+    result.kernel = kernel.name;
+    result.problem = spec.describe();
+    result.dout_seed = dout_seed(spec.seed);
+    result.deterministic = options.deterministic;
+    result.tiles = kernel.tile_shape(params);
+    const AttentionBackwardParams backward =
+        backward_params(spec, inputs, run.outputs, run.dout, run.gradients, options.deterministic);
+    result.backward_tiles = backward_tile_shape(kernel, backward);
+    result.backward_tiles_known = kernel.backward_tile_shape != nullptr;
+    if (kernel.backward_workspace_bytes != nullptr)
+      result.workspace_bytes = static_cast<int64_t>(kernel.backward_workspace_bytes(backward));
+    result.forward_tolerance = forward_tolerance(spec, reference.forward);
+    result.backward_tolerance = backward_tolerance(spec, reference.backward);
+    ForwardComparison forward = compare_forward(spec, params, result.tiles, run.outputs, reference.forward,
+                                                result.forward_tolerance);
+    GradientComparison gradient_reports = compare_backward(spec, params, result.backward_tiles, run.gradients,
+                                                           reference.backward, result.backward_tolerance);
+    result.out = std::move(forward.out);
+    result.lse = std::move(forward.lse);
+    result.dq = std::move(gradient_reports.dq);
+    result.dk = std::move(gradient_reports.dk);
+    result.dv = std::move(gradient_reports.dv);
+    // NaN/inf: where the first one is and whether its row's inputs were finite.
+    bool any_nonfinite = false;
+    for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
+      any_nonfinite |= report->nan_count + report->inf_count > 0;
+    if (any_nonfinite) {
+      explain_forward_nonfinite(result.out, result.lse, run.outputs, reference.forward,
+                                origin_inputs(spec, inputs, params));
+      const OriginInputs origin = origin_inputs(spec, inputs, params, run.dout);
+      const ReferenceGradients& exact = reference.backward.reference;
+      explain_nonfinite(result.dq, run.gradients.dq, exact.dq, origin, RowKind::query);
+      explain_nonfinite(result.dk, run.gradients.dk, exact.dk, origin, RowKind::key);
+      explain_nonfinite(result.dv, run.gradients.dv, exact.dv, origin, RowKind::key);
+    }
+    return result;
+  }
+  static void time(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
+                   const Run& run, const Options& options) {
     EventTimer timer;
-    result.forward_ms = timer.median_ms([&] { run_forward(kernel, spec, inputs, outputs); },
-                                        options.timed_launches);
+    result.forward_ms =
+        timer.median_ms([&] { run_forward(kernel, spec, inputs, run.outputs); }, options.timed_launches);
     result.backward_ms = timer.median_ms(
-        [&] { run_backward(kernel, spec, inputs, outputs, dout, gradients, options.deterministic); },
+        [&] { run_backward(kernel, spec, inputs, run.outputs, run.dout, run.gradients, options.deterministic); },
         options.timed_launches);
   }
-  return result;
+  static void extras(Result&, const KernelVariant&, const Spec&, const Inputs&, const Run&, const Options&) {}
+};
+
+}  // namespace
+
+BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckOptions& options) {
+  return harness_detail::run_check<BackwardCheck>(spec, options);
 }
 
 std::string BackwardCheckResult::format() const {

@@ -17,6 +17,7 @@
 #include "flashlab/cuda_check.h"
 #include "flashlab/harness/event_timer.h"
 #include "flashlab/harness/random_inputs.h"
+#include "check_pipeline.h"
 #include "json_text.h"
 
 namespace flashlab {
@@ -255,9 +256,7 @@ std::string kvcache_unsupported_reason(const KernelVariant& kernel, const KvCach
   if (kernel.kvcache_max_splits != nullptr && spec.num_splits > kernel.kvcache_max_splits(params))
     return kernel.name + " takes num_splits 0 (its heuristic) or 1 to " +
            std::to_string(kernel.kvcache_max_splits(params)) + "; got " + std::to_string(spec.num_splits);
-  std::string reason = kernel.kvcache_unsupported_reason(params);
-  if (reason.empty()) reason = architecture_reason(kernel, compute_capability);
-  return reason;
+  return cannot_run_reason(kernel, params);  // the op library's own words (its KV-cache mode)
 }
 
 const KernelVariant& resolve_kvcache_kernel(const KvCacheSpec& spec, const KvCacheTensors& inputs) {
@@ -494,16 +493,6 @@ std::string kvcache_row_context(const KvCacheSpec& spec, const std::vector<int64
 // ---------------------------------------------------------------------------
 // The check.
 
-KvCacheCall call_against_reference(const KvCacheSpec& spec, const KvCacheTensors& inputs) {
-  KvCacheCall call{kvcache_params(spec, inputs), {}, {}};
-  const KvCacheTensors before = copy_caches(inputs);
-  call.outputs = poisoned_kvcache_outputs(spec, inputs);
-  run_kvcache(spec, inputs, call.outputs);
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-  call.expected = reference_kvcache(spec, before, call.params);
-  return call;
-}
-
 int64_t kvcache_grid_blocks(const KvCacheSpec& spec, int num_splits, const TileShape& tiles) {
   const int64_t packed_rows = static_cast<int64_t>(spec.seqlen_q) * (spec.heads / spec.kv_heads);
   const int64_t row_tiles = tiles.block_q > 0 ? (packed_rows + tiles.block_q - 1) / tiles.block_q : packed_rows;
@@ -514,12 +503,13 @@ BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams p
   TORCH_CHECK(kernel.supports_block_timeline, "kernel ", kernel.name,
               " records no block timeline (supports_block_timeline is off)");
   TORCH_CHECK(grid_blocks > 0, "record_block_timeline needs the grid's block count; got ", grid_blocks);
-  const auto on_gpu = at::TensorOptions().device(at::kCUDA, 0);
-  const at::Tensor slots = at::zeros({grid_blocks * kBlockTimelineSlots}, on_gpu.dtype(at::kLong));
+  // On the kernel's device: the current one (check_kvcache makes the inputs' current).
+  const int device = c10::cuda::current_device();
+  const at::Tensor slots =
+      at::zeros({grid_blocks * kBlockTimelineSlots}, at::TensorOptions().device(at::kCUDA, device).dtype(at::kLong));
   params.block_timeline = reinterpret_cast<uint64_t*>(slots.data_ptr<int64_t>());
   params.block_timeline_blocks = grid_blocks;
-  int device = 0, sm_count = 0;
-  FLASHLAB_CUDA_CHECK(cudaGetDevice(&device));
+  int sm_count = 0;
   FLASHLAB_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
   L2Flush{}();  // the K/V come from DRAM, as in a decode step (and in flashlab-bench --decode)
   run_kvcache_kernel(kernel, params);
@@ -529,52 +519,92 @@ BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams p
   return block_timeline_from_slots(std::vector<uint64_t>(raw, raw + host.numel()), sm_count);
 }
 
-KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options) {
-  const std::string unavailable = cuda_unavailable_reason();
-  TORCH_CHECK(unavailable.empty(), "check_kvcache needs a GPU: ", unavailable);
-  const KvCacheTensors inputs = make_kvcache_inputs(spec, at::Device(at::kCUDA, 0));
-  const KernelVariant& kernel = resolve_kvcache_kernel(spec, inputs);
-  const KvCacheCall call = call_against_reference(spec, inputs);
-  const KvCacheParams& params = call.params;
-  const ForwardOutputs& outputs = call.outputs;
-  const KvCacheExpected& expected = call.expected;
-  const ForwardTolerance tolerance = kvcache_tolerance(spec, expected);
+namespace {
 
-  KvCacheCheckResult result;
-  result.kernel = kernel.name;
-  result.problem = spec.describe();
-  result.tiles = kernel.kvcache_tile_shape != nullptr ? kernel.kvcache_tile_shape(params) : TileShape{};
-  result.num_splits = kvcache_splits(kernel, params);
-  result.num_splits_chosen = spec.num_splits == 0;
-  result.max_splits = kernel.kvcache_max_splits != nullptr ? kernel.kvcache_max_splits(params) : 0;
-  KvCacheParams launched = params;
-  launched.num_splits = result.num_splits;
-  result.workspace_bytes = kernel.kvcache_workspace_bytes != nullptr
-                               ? static_cast<int64_t>(kernel.kvcache_workspace_bytes(launched))
-                               : 0;
-  if (kernel.kvcache_launch_summary != nullptr) result.launch = kernel.kvcache_launch_summary(launched);
-  result.cached_lengths = inputs.cached_lengths();
-  result.tolerance = tolerance;
-  KvCacheComparison comparison = compare_kvcache(spec, inputs, outputs, expected, tolerance);
-  result.out = std::move(comparison.out);
-  result.lse = std::move(comparison.lse);
-  result.k_cache = std::move(comparison.k_cache);
-  result.v_cache = std::move(comparison.v_cache);
-  if (result.out.first_bad)
-    result.out_context = kvcache_row_context(spec, result.cached_lengths, result.tiles, *result.out.first_bad);
-  if (result.lse.first_bad)
-    result.lse_context = kvcache_row_context(spec, result.cached_lengths, result.tiles, *result.lse.first_bad);
-  // The launch alone: attention_with_kvcache's host checks read the lengths
-  // back (a sync) before every launch, which is not the kernel's time.
-  if (check_options.timed_launches > 0) {
-    const KvCacheParams timed = kvcache_params(spec, inputs, outputs.out, outputs.lse);
-    result.kernel_ms = EventTimer().median_ms([&] { run_kvcache_kernel(kernel, timed); },
-                                              check_options.timed_launches);
+// check_kvcache's steps (check_pipeline.h): the call through the public entry
+// (run_kvcache), the caches snapshotted before it for the reference.
+struct KvCacheCheck {
+  using Spec = KvCacheSpec;
+  using Options = CheckOptions;
+  using Inputs = KvCacheTensors;
+  struct Run {
+    KvCacheParams params;
+    KvCacheTensors before;  // the caches as they were before the call
+    ForwardOutputs outputs;
+  };
+  using Reference = KvCacheExpected;
+  using Result = KvCacheCheckResult;
+  static constexpr const char* kCheck = "check_kvcache";
+
+  static Inputs inputs(const Spec& spec, at::Device device) { return make_kvcache_inputs(spec, device); }
+  static const KernelVariant& kernel(const Spec& spec, const Inputs& inputs) {
+    return resolve_kvcache_kernel(spec, inputs);
   }
-  if (check_options.block_timeline)
-    result.block_timeline = record_block_timeline(kernel, kvcache_params(spec, inputs, outputs.out, outputs.lse),
-                                                  kvcache_grid_blocks(spec, result.num_splits, result.tiles));
-  return result;
+  static Run run(const KernelVariant&, const Spec& spec, const Inputs& inputs, const Options&) {
+    Run run{kvcache_params(spec, inputs), copy_caches(inputs), poisoned_kvcache_outputs(spec, inputs)};
+    run_kvcache(spec, inputs, run.outputs);
+    return run;
+  }
+  static Reference reference(const Spec& spec, const Inputs&, const Run& run) {
+    return reference_kvcache(spec, run.before, run.params);
+  }
+  static Result compare(const KernelVariant& kernel, const Spec& spec, const Inputs& inputs, const Run& run,
+                        const Reference& expected, const Options&) {
+    const KvCacheParams& params = run.params;
+    const ForwardTolerance tolerance = kvcache_tolerance(spec, expected);
+    KvCacheCheckResult result;
+    result.kernel = kernel.name;
+    result.problem = spec.describe();
+    result.tiles = kernel.kvcache_tile_shape != nullptr ? kernel.kvcache_tile_shape(params) : TileShape{};
+    result.num_splits = kvcache_splits(kernel, params);
+    result.num_splits_chosen = spec.num_splits == 0;
+    result.max_splits = kernel.kvcache_max_splits != nullptr ? kernel.kvcache_max_splits(params) : 0;
+    KvCacheParams launched = params;
+    launched.num_splits = result.num_splits;
+    result.workspace_bytes = kernel.kvcache_workspace_bytes != nullptr
+                                 ? static_cast<int64_t>(kernel.kvcache_workspace_bytes(launched))
+                                 : 0;
+    if (kernel.kvcache_launch_summary != nullptr) result.launch = kernel.kvcache_launch_summary(launched);
+    result.cached_lengths = inputs.cached_lengths();
+    result.tolerance = tolerance;
+    KvCacheComparison comparison = compare_kvcache(spec, inputs, run.outputs, expected, tolerance);
+    result.out = std::move(comparison.out);
+    result.lse = std::move(comparison.lse);
+    result.k_cache = std::move(comparison.k_cache);
+    result.v_cache = std::move(comparison.v_cache);
+    if (result.out.first_bad)
+      result.out_context = kvcache_row_context(spec, result.cached_lengths, result.tiles, *result.out.first_bad);
+    if (result.lse.first_bad)
+      result.lse_context = kvcache_row_context(spec, result.cached_lengths, result.tiles, *result.lse.first_bad);
+    return result;
+  }
+  // The launch alone: the public entry's checks are not the kernel's time.
+  static void time(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
+                   const Run& run, const Options& options) {
+    const KvCacheParams timed = kvcache_params(spec, inputs, run.outputs.out, run.outputs.lse);
+    result.kernel_ms = EventTimer().median_ms([&] { run_kvcache_kernel(kernel, timed); }, options.timed_launches);
+  }
+  static void extras(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
+                     const Run& run, const Options& options) {
+    if (options.block_timeline)
+      result.block_timeline =
+          record_block_timeline(kernel, kvcache_params(spec, inputs, run.outputs.out, run.outputs.lse),
+                                kvcache_grid_blocks(spec, result.num_splits, result.tiles));
+  }
+};
+
+}  // namespace
+
+KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options) {
+  return harness_detail::run_check<KvCacheCheck>(spec, check_options);
+}
+
+// check_kvcache's run and reference steps alone, on the inputs' device.
+KvCacheCall call_against_reference(const KvCacheSpec& spec, const KvCacheTensors& inputs) {
+  const c10::cuda::CUDAGuard device_guard(inputs.q.device());
+  const KvCacheCheck::Run run = KvCacheCheck::run(resolve_kvcache_kernel(spec, inputs), spec, inputs, {});
+  FLASHLAB_CUDA_CHECK(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream().stream()));
+  return {run.params, run.outputs, KvCacheCheck::reference(spec, inputs, run)};
 }
 
 std::string KvCacheCheckResult::format() const {

@@ -46,7 +46,7 @@ std::vector<MemoryMeasurement> measure_memory(ProblemSpec spec, const std::vecto
   std::vector<MemoryMeasurement> rows;
   for (const int seqlen : seqlens) {
     spec.seqlen_q = spec.seqlen_k = seqlen;
-    const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+    const ProblemInputs inputs = make_inputs(spec, current_cuda_device());
     const KernelVariant& kernel =
         options.backward ? resolve_backward_kernel(spec, inputs) : resolve_kernel(spec, inputs);
     const double scale = spec.softmax_scale.value_or(1.0 / std::sqrt(double(spec.head_dim)));
@@ -138,7 +138,7 @@ std::string format_memory_table(const ProblemSpec& spec, const std::vector<Memor
 }
 
 KvCacheMemory measure_kvcache_memory(const KvCacheSpec& spec) {
-  const KvCacheTensors inputs = make_kvcache_inputs(spec, at::Device(at::kCUDA, 0));
+  const KvCacheTensors inputs = make_kvcache_inputs(spec, current_cuda_device());
   const KernelVariant& kernel = resolve_kvcache_kernel(spec, inputs);
   const auto bytes = [](const at::Tensor& tensor) {
     return tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : int64_t{0};

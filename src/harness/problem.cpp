@@ -1,6 +1,7 @@
 #include "flashlab/harness/problem.h"
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
@@ -19,6 +20,7 @@
 #include "flashlab/harness/random_inputs.h"
 #include "flashlab/harness/reference.h"
 #include "common/visible_keys.h"
+#include "check_pipeline.h"
 #include "json_text.h"
 
 namespace flashlab {
@@ -196,6 +198,19 @@ std::string cuda_unavailable_reason() {
   }
   if (count == 0) return "no CUDA device found";
   if (!at::hasCUDA()) return "this torch build has no CUDA support";
+  return {};
+}
+
+at::Device current_cuda_device() { return at::Device(at::kCUDA, c10::cuda::current_device()); }
+
+std::string select_cuda_device(int index) {
+  const std::string unavailable = cuda_unavailable_reason();
+  if (!unavailable.empty()) return unavailable;
+  const int count = static_cast<int>(c10::cuda::device_count());
+  if (index < 0 || index >= count)
+    return "--device " + std::to_string(index) + ": this machine has " + std::to_string(count) + " CUDA device" +
+           (count == 1 ? " (0)" : "s (0 to " + std::to_string(count - 1) + ")");
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
   return {};
 }
 
@@ -443,39 +458,60 @@ void explain_forward_nonfinite(ComparisonReport& out, ComparisonReport& lse,
 }
 
 ProblemInputs make_gpu_inputs(const ProblemSpec& spec, const char* check) {
-  const std::string unavailable = cuda_unavailable_reason();
-  TORCH_CHECK(unavailable.empty(), check, " needs a GPU: ", unavailable);
-  return make_inputs(spec, at::Device(at::kCUDA, 0));
+  return make_inputs(spec, harness_detail::check_device(check));
 }
 
+namespace {
+
+// check_kernel's steps (check_pipeline.h).
+struct ForwardCheck {
+  using Spec = ProblemSpec;
+  using Options = CheckOptions;
+  using Inputs = ProblemInputs;
+  using Run = ForwardOutputs;
+  using Reference = ForwardReference;
+  using Result = CheckResult;
+  static constexpr const char* kCheck = "check_kernel";
+
+  static Inputs inputs(const Spec& spec, at::Device device) { return make_inputs(spec, device); }
+  static const KernelVariant& kernel(const Spec& spec, const Inputs& inputs) { return resolve_kernel(spec, inputs); }
+  static Run run(const KernelVariant& kernel, const Spec& spec, const Inputs& inputs, const Options&) {
+    const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
+    run_forward(kernel, spec, inputs, outputs);
+    return outputs;
+  }
+  static Reference reference(const Spec& spec, const Inputs& inputs, const Run&) {
+    return reference_forward(spec, inputs, forward_params(spec, inputs));
+  }
+  static Result compare(const KernelVariant& kernel, const Spec& spec, const Inputs& inputs, const Run& outputs,
+                        const Reference& reference, const Options&) {
+    const AttentionParams params = forward_params(spec, inputs);
+    const ForwardTolerance tolerance = forward_tolerance(spec, reference);
+    CheckResult result;
+    result.kernel = kernel.name;
+    result.problem = spec.describe();
+    result.tiles = kernel.tile_shape(params);
+    result.ref_err = tolerance.out.same_precision_err;
+    result.storage_err = tolerance.out.rounding_atol;
+    ForwardComparison comparison = compare_forward(spec, params, result.tiles, outputs, reference, tolerance);
+    result.out = std::move(comparison.out);
+    result.lse = std::move(comparison.lse);
+    if (result.out.nan_count + result.out.inf_count + result.lse.nan_count + result.lse.inf_count > 0)
+      explain_forward_nonfinite(result.out, result.lse, outputs, reference, origin_inputs(spec, inputs, params));
+    return result;
+  }
+  static void time(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
+                   const Run& outputs, const Options& options) {
+    result.kernel_ms =
+        EventTimer().median_ms([&] { run_forward(kernel, spec, inputs, outputs); }, options.timed_launches);
+  }
+  static void extras(Result&, const KernelVariant&, const Spec&, const Inputs&, const Run&, const Options&) {}
+};
+
+}  // namespace
+
 CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options) {
-  const ProblemInputs inputs = make_gpu_inputs(spec, "check_kernel");
-  const KernelVariant& kernel = resolve_kernel(spec, inputs);
-  const AttentionParams params = forward_params(spec, inputs);
-
-  const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
-  run_forward(kernel, spec, inputs, outputs);
-  FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-  const ForwardReference reference = reference_forward(spec, inputs, params);
-  const ForwardTolerance tolerance = forward_tolerance(spec, reference);
-
-  CheckResult result;
-  result.kernel = kernel.name;
-  result.problem = spec.describe();
-  result.tiles = kernel.tile_shape(params);
-  result.ref_err = tolerance.out.same_precision_err;
-  result.storage_err = tolerance.out.rounding_atol;
-  ForwardComparison comparison =
-      compare_forward(spec, params, result.tiles, outputs, reference, tolerance);
-  result.out = std::move(comparison.out);
-  result.lse = std::move(comparison.lse);
-  if (result.out.nan_count + result.out.inf_count + result.lse.nan_count + result.lse.inf_count > 0)
-    explain_forward_nonfinite(result.out, result.lse, outputs, reference,
-                              origin_inputs(spec, inputs, params));
-  if (check_options.timed_launches > 0)
-    result.kernel_ms = EventTimer().median_ms([&] { run_forward(kernel, spec, inputs, outputs); },
-                                              check_options.timed_launches);
-  return result;
+  return harness_detail::run_check<ForwardCheck>(spec, check_options);
 }
 
 std::string CheckResult::format() const {

@@ -108,7 +108,7 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
               " does not record tile states (KernelVariant::supports_tile_trace)");
   const std::string unavailable = cuda_unavailable_reason();
   TORCH_CHECK(unavailable.empty(), "tile tracing needs a GPU: ", unavailable);
-  const at::Device device(at::kCUDA, 0);
+  const at::Device device = current_cuda_device();
   const ProblemInputs inputs = make_inputs(spec, device);
   const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
   AttentionParams params = forward_params(spec, inputs, outputs.out, outputs.lse);
@@ -173,7 +173,7 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
 std::pair<double, double> expected_state_at(const ProblemSpec& spec, int block_k, int64_t batch,
                                             int64_t head, int64_t row, int64_t key_tile,
                                             bool descending) {
-  const ProblemInputs inputs = make_inputs(spec, at::Device(at::kCUDA, 0));
+  const ProblemInputs inputs = make_inputs(spec, current_cuda_device());
   const AttentionParams params =
       make_params(inputs.q, inputs.k, inputs.v, {}, {}, spec.attention_options());
   const ExpectedTileStates expected =

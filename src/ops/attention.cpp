@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "host_path.h"
 #include "validation.h"
 
 namespace flashlab {
@@ -61,77 +62,16 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   return params;
 }
 
-namespace {
-
-// The head dim `kernel` runs params at under `padding`; 0: none.
-int run_head_dim(const KernelVariant& kernel, const AttentionParams& params, HeadDimPadding padding) {
-  return padding == HeadDimPadding::allowed ? padded_head_dim(kernel, params.head_dim)
-                                            : params.head_dim;
-}
-
-// " (attention_forward would zero-pad head_dim 96 to 128 for fa3_wgmma_sm90; ...)"
-// when padding is off and the kernel would pad; else empty.
-std::string unpadded_note(const KernelVariant& kernel, int head_dim, HeadDimPadding padding) {
-  const int padded = padded_head_dim(kernel, head_dim);
-  if (padding == HeadDimPadding::allowed || padded == head_dim || padded <= 0) return {};
-  return " (attention_forward would zero-pad head_dim " + std::to_string(head_dim) + " to " +
-         std::to_string(padded) + " for " + kernel.name +
-         "; run_kernel and the harness run a kernel at its own head dims)";
-}
-
-}  // namespace
-
 const KernelVariant& select_kernel(const AttentionParams& params, const std::string& kernel_name,
                                    HeadDimPadding padding) {
-  const auto reason_for = [&](const KernelVariant& kernel) {
-    return padding == HeadDimPadding::allowed
-               ? detail::padded_cannot_run_reason(kernel, params, cannot_run_reason)
-               : cannot_run_reason(kernel, params);
-  };
-  // Said once after the reasons when a kernel's head dims ran out.
-  const auto note = [&](const KernelVariant& kernel) {
-    return padding == HeadDimPadding::allowed && run_head_dim(kernel, params, padding) <= 0;
-  };
-  if (kernel_name == "auto") {
-    std::string reasons;
-    bool head_dims_ran_out = false;
-    for (const auto& kernel : registered_kernels()) {
-      const std::string reason = reason_for(kernel);
-      if (reason.empty()) return kernel;
-      reasons += "\n  " + reason;
-      head_dims_ran_out = head_dims_ran_out || note(kernel);
-    }
-    TORCH_CHECK(false, "no registered kernel can run ", describe_problem(params), ":", reasons,
-                head_dims_ran_out ? detail::kPaddingNote : "");
-  }
-  const KernelVariant* kernel = find_kernel(kernel_name);
-  TORCH_CHECK(kernel != nullptr, "unknown kernel '", kernel_name,
-              "'; registered kernels: ", registered_kernel_names(), " (or auto)");
-  // The problem first, then the device (cannot_run_reason's order).
-  const auto problem_reason = [](const KernelVariant& named, const AttentionParams& problem) {
-    return named.unsupported_reason(problem);
-  };
-  const std::string reason =
-      padding == HeadDimPadding::allowed
-          ? detail::padded_cannot_run_reason(*kernel, params, problem_reason)
-          : problem_reason(*kernel, params);
-  TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run ", describe_problem(params),
-              ": ", reason, note(*kernel) ? detail::kPaddingNote : "",
-              unpadded_note(*kernel, params.head_dim, padding));
-  const std::string device_reason = reason_for(*kernel);
-  TORCH_CHECK(device_reason.empty(), device_reason);
-  return *kernel;
+  return detail::select_mode_kernel(params, kernel_name, padding);
+}
+
+void run_kernel(const KernelVariant& kernel, const AttentionParams& params) {
+  detail::run_mode_kernel(kernel, params);
 }
 
 namespace {
-
-// run_kernel once the kernel is known to take params.
-void launch_checked(const KernelVariant& kernel, AttentionParams params) {
-  if (params.seqlen_q == 0 || params.batch == 0) return;  // no row to write, no grid to launch
-  // Freed when this returns (see allocate_workspace).
-  const at::Tensor workspace = detail::prepare_launch(params, kernel.workspace_bytes);
-  kernel.launch(params);
-}
 
 // The parameter block for (q, k, v, out, options) of one entry (lse and the
 // varlen lengths are the entry's own).
@@ -141,41 +81,22 @@ using MakeForwardParams =
 
 // Runs `kernel` (selected for q, k, v with padding allowed) on the current
 // stream, writing lse and `out`, or, when out is undefined, a new output that
-// it returns. A kernel that runs head_dim padded (padded_head_dim) gets
-// zero-padded copies of q, k, v and the unpadded softmax scale; its padded
-// output's first head_dim columns are the result, returned as a view or
-// copied into the caller's out.
+// it returns (a view of the padded one when the kernel pads head_dim:
+// run_at_kernel_head_dim).
 at::Tensor run_forward(const KernelVariant& kernel, const at::Tensor& q, const at::Tensor& k,
-                       const at::Tensor& v, at::Tensor out, const AttentionOptions& options,
+                       const at::Tensor& v, const at::Tensor& out, const AttentionOptions& options,
                        const MakeForwardParams& make) {
-  const int64_t head_dim = q.size(-1);
-  const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));
-  TORCH_CHECK(padded >= head_dim, kernel.name, " has no head_dim of ", head_dim, " or more");
-  if (padded == head_dim) {
-    if (!out.defined()) out = at::empty(q.sizes(), q.options());
-    launch_checked(kernel, make(q, k, v, out, options));
-    return out;
-  }
-  const auto pad = [&](const at::Tensor& tensor) { return detail::pad_head_dim(tensor, padded); };
-  std::vector<int64_t> padded_sizes = q.sizes().vec();
-  padded_sizes.back() = padded;
-  const at::Tensor padded_out = at::empty(padded_sizes, q.options());
-  launch_checked(kernel, make(pad(q), pad(k), pad(v), padded_out,
-                              detail::keep_softmax_scale(options, head_dim)));
-  const at::Tensor result = padded_out.narrow(-1, 0, head_dim);
-  if (!out.defined()) return result;
-  out.copy_(result);
-  return out;
+  detail::LaunchTensors tensors;
+  tensors.inputs = {q, k, v};
+  tensors.outputs = {out};
+  tensors.output_like = {q};
+  return detail::run_at_kernel_head_dim(
+      kernel, q.size(-1), tensors, options, [&](const detail::LaunchTensors& run, const AttentionOptions& run_options) {
+        detail::launch_mode_kernel(kernel, make(run.inputs[0], run.inputs[1], run.inputs[2], run.outputs[0], run_options));
+      })[0];
 }
 
 }  // namespace
-
-void run_kernel(const KernelVariant& kernel, const AttentionParams& params) {
-  const std::string reason = cannot_run_reason(kernel, params);
-  TORCH_CHECK(reason.empty(), "kernel ", kernel.name, " cannot run ", describe_problem(params), ": ",
-              reason);
-  launch_checked(kernel, params);
-}
 
 const KernelVariant& select_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const AttentionOptions& options, HeadDimPadding padding) {
@@ -198,8 +119,7 @@ AttentionOutput forward(const at::Tensor& q, const at::Tensor& k, const at::Tens
     check_output_buffers(q, out, lse, lse_shape, "(batch, heads, seqlen_q)");
   else
     lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
+  const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k and v");
   const auto make = [&](const at::Tensor& q_run, const at::Tensor& k_run, const at::Tensor& v_run,
                         const at::Tensor& out_run, const AttentionOptions& options_run) {
     return make_params(q_run, k_run, v_run, out_run, lse, options_run);
@@ -267,8 +187,7 @@ AttentionOutput varlen_forward(const at::Tensor& q, const at::Tensor& k, const a
     check_output_buffers(q, out, lse, lse_shape, "(heads, total_q)");
   else
     lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
+  const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k and v");
   // max_seqlen_q 0 (every sequence empty) launches nothing.
   const auto make = [&](const at::Tensor& q_run, const at::Tensor& k_run, const at::Tensor& v_run,
                         const at::Tensor& out_run, const AttentionOptions& options_run) {

@@ -14,32 +14,11 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/cuda_check.h"
+#include "host_path.h"
 #include "validation.h"
 
 namespace flashlab {
 namespace {
-
-// "fa2_mma_sm80, fa1_scalar": the registered kernels that have a backward.
-std::string kernels_with_backward() {
-  std::string names;
-  for (const auto& kernel : registered_kernels())
-    if (kernel.backward_launch != nullptr) names += (names.empty() ? "" : ", ") + kernel.name;
-  return names.empty() ? "none" : names;
-}
-
-// cannot_run_reason for the backward: the kernel has one, it takes the
-// problem (backward_unsupported_reason), the device, no tile trace. Empty: it can.
-std::string backward_cannot_run_reason(const KernelVariant& kernel,
-                                       const AttentionBackwardParams& params) {
-  if (kernel.backward_launch == nullptr)
-    return kernel.name + " has no backward pass (kernels with one: " + kernels_with_backward() + ")";
-  std::string reason =
-      kernel.backward_unsupported_reason != nullptr ? kernel.backward_unsupported_reason(params) : "";
-  if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
-  if (reason.empty() && params.trace.enabled())
-    reason = kernel.name + "'s backward does not record tile states (tile traces are forward only)";
-  return reason;
-}
 
 // dout like q and out (out is checked against q by check_output_buffers).
 void check_dout(const at::Tensor& q, const at::Tensor& dout) { detail::check_like("dout", dout, "q", q); }
@@ -73,39 +52,57 @@ void zero_rows(void* data, size_t element_bytes, int batches, int64_t batch_stri
 
 size_t element_bytes(DataType dtype) { return dtype == DataType::float32 ? 4 : 2; }
 
-// run_backward_kernel once the kernel is known to take params.
-void launch_backward_checked(const KernelVariant& kernel, AttentionBackwardParams params) {
-  params.stream = detail::stream_or_current(params.stream);
-  const auto stream = static_cast<cudaStream_t>(params.stream);
-  if (params.batch == 0 || params.seqlen_q == 0 || params.seqlen_k == 0) {
-    // Nothing to launch, but every gradient that has rows must read 0: with no
-    // query rows dk and dv (no row sees a key), with no keys dq (no row sees one).
-    // Variable-length rows are packed (batch strides ignored): one entry of all rows.
-    const int entries = params.is_varlen() ? 1 : params.batch;
-    const size_t bytes = element_bytes(params.dtype);
-    if (params.seqlen_k == 0) {
-      const int64_t rows = params.is_varlen() ? params.total_rows_q : params.seqlen_q;
-      zero_rows(params.dq, bytes, entries, params.dq_batch_stride, rows, params.dq_row_stride,
-                params.heads, params.dq_head_stride, params.head_dim, stream);
-    }
-    if (params.seqlen_q == 0) {
-      const int64_t rows = params.is_varlen() ? params.total_rows_k : params.seqlen_k;
-      zero_rows(params.dk, bytes, entries, params.dk_batch_stride, rows, params.dk_row_stride,
-                params.kv_heads, params.dk_head_stride, params.head_dim, stream);
-      zero_rows(params.dv, bytes, entries, params.dv_batch_stride, rows, params.dv_row_stride,
-                params.kv_heads, params.dv_head_stride, params.head_dim, stream);
-    }
-    return;
-  }
-  // softmax_d and dq_accum are the kernel's to carve from the workspace.
-  params.softmax_d = nullptr;
-  params.dq_accum = nullptr;
-  params.workspace = nullptr;
-  params.workspace_bytes = 0;
-  // Freed when this returns (see allocate_workspace).
-  const at::Tensor workspace = detail::prepare_launch(params, kernel.backward_workspace_bytes);
-  kernel.backward_launch(params);
+}  // namespace
+
+namespace detail {
+
+std::string KernelMode<AttentionBackwardParams>::missing(const KernelVariant& kernel) {
+  return kernel.name + " has no backward pass (kernels with one: " + kernels_with_mode<AttentionBackwardParams>() + ")";
 }
+
+void KernelMode<AttentionBackwardParams>::check_pointers(const AttentionBackwardParams& params) {
+  // A tensor with no rows (a variable-length batch whose key sequences are all
+  // empty) may have a null data pointer.
+  const bool has_query_rows = params.is_varlen() ? params.total_rows_q > 0 : params.seqlen_q > 0;
+  const bool has_key_rows = params.is_varlen() ? params.total_rows_k > 0 : params.seqlen_k > 0;
+  std::string missing;
+  for (const auto& [name, pointer, has_rows] :
+       {std::tuple<const char*, const void*, bool>{"q", params.q, has_query_rows},
+        {"k", params.k, has_key_rows}, {"v", params.v, has_key_rows},
+        {"out", params.out, has_query_rows}, {"lse", params.lse, has_query_rows},
+        {"dout", params.dout, has_query_rows}, {"dq", params.dq, has_query_rows},
+        {"dk", params.dk, has_key_rows}, {"dv", params.dv, has_key_rows}})
+    if (pointer == nullptr && has_rows) missing += std::string(missing.empty() ? "" : ", ") + name;
+  TORCH_CHECK(missing.empty(), "run_backward_kernel needs every tensor of the backward; got no ",
+              missing, " (make_backward_params leaves a pointer null for an undefined tensor)");
+}
+
+bool KernelMode<AttentionBackwardParams>::finish_empty(const AttentionBackwardParams& params) {
+  if (params.batch > 0 && params.seqlen_q > 0 && params.seqlen_k > 0) return false;
+  // Nothing to launch, but every gradient that has rows must read 0: with no
+  // query rows dk and dv (no row sees a key), with no keys dq (no row sees one).
+  // Variable-length rows are packed (batch strides ignored): one entry of all rows.
+  const auto stream = static_cast<cudaStream_t>(params.stream);
+  const int entries = params.is_varlen() ? 1 : params.batch;
+  const size_t bytes = element_bytes(params.dtype);
+  if (params.seqlen_k == 0) {
+    const int64_t rows = params.is_varlen() ? params.total_rows_q : params.seqlen_q;
+    zero_rows(params.dq, bytes, entries, params.dq_batch_stride, rows, params.dq_row_stride,
+              params.heads, params.dq_head_stride, params.head_dim, stream);
+  }
+  if (params.seqlen_q == 0) {
+    const int64_t rows = params.is_varlen() ? params.total_rows_k : params.seqlen_k;
+    zero_rows(params.dk, bytes, entries, params.dk_batch_stride, rows, params.dk_row_stride,
+              params.kv_heads, params.dk_head_stride, params.head_dim, stream);
+    zero_rows(params.dv, bytes, entries, params.dv_batch_stride, rows, params.dv_row_stride,
+              params.kv_heads, params.dv_head_stride, params.head_dim, stream);
+  }
+  return true;
+}
+
+}  // namespace detail
+
+namespace {
 
 // The tensors' checks shared by every entry point, after the inputs' own:
 // out and lse as the forward returned them (lse_shape, named lse_layout),
@@ -125,12 +122,6 @@ using MakeBackwardParams = std::function<AttentionBackwardParams(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const AttentionGradients& gradients, const BackwardOptions& options)>;
 
-std::vector<int64_t> sizes_at_head_dim(const at::Tensor& tensor, int64_t head_dim) {
-  std::vector<int64_t> sizes = tensor.sizes().vec();
-  sizes.back() = head_dim;
-  return sizes;
-}
-
 // Every public backward entry once the inputs (q, k, v, the options, the
 // lengths) are validated: checks the other tensors, selects the kernel with
 // padding allowed, and runs it on the current stream writing the caller's
@@ -147,36 +138,19 @@ AttentionGradients backward(const at::Tensor& dout, const at::Tensor& q, const a
   const AttentionBackwardParams params = make(dout, q, k, v, out, gradients, options);
   const KernelVariant& kernel =
       select_backward_kernel(params, options.kernel, HeadDimPadding::allowed);
-  TORCH_CHECK(q.is_cuda(), "q, k and v must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  const int64_t head_dim = q.size(-1);
-  const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));
-  TORCH_CHECK(padded >= head_dim, kernel.name, " has no head_dim of ", head_dim, " or more");
-  if (padded == head_dim) {
-    if (into) {
-      launch_backward_checked(kernel, params);
-      return gradients;
-    }
-    gradients = {at::empty(q.sizes(), q.options()), at::empty(k.sizes(), k.options()),
-                 at::empty(v.sizes(), v.options())};
-    launch_backward_checked(kernel, make(dout, q, k, v, out, gradients, options));
-    return gradients;
-  }
-  const auto pad = [&](const at::Tensor& tensor) { return detail::pad_head_dim(tensor, padded); };
-  const AttentionGradients padded_gradients = {
-      at::empty(sizes_at_head_dim(q, padded), q.options()),
-      at::empty(sizes_at_head_dim(k, padded), k.options()),
-      at::empty(sizes_at_head_dim(v, padded), v.options())};
-  launch_backward_checked(kernel, make(pad(dout), pad(q), pad(k), pad(v), pad(out), padded_gradients,
-                                       detail::keep_softmax_scale(options, head_dim)));
-  const AttentionGradients result = {padded_gradients.dq.narrow(-1, 0, head_dim),
-                                     padded_gradients.dk.narrow(-1, 0, head_dim),
-                                     padded_gradients.dv.narrow(-1, 0, head_dim)};
-  if (!into) return result;
-  gradients.dq.copy_(result.dq);
-  gradients.dk.copy_(result.dk);
-  gradients.dv.copy_(result.dv);
-  return gradients;
+  const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k and v");
+  if (!into) gradients = {};
+  detail::LaunchTensors tensors;
+  tensors.inputs = {dout, q, k, v, out};
+  tensors.outputs = {gradients.dq, gradients.dk, gradients.dv};
+  tensors.output_like = {q, k, v};
+  const std::vector<at::Tensor> result = detail::run_at_kernel_head_dim(
+      kernel, q.size(-1), tensors, options, [&](const detail::LaunchTensors& run, const BackwardOptions& run_options) {
+        const auto& in = run.inputs;
+        detail::launch_mode_kernel(kernel, make(in[0], in[1], in[2], in[3], in[4],
+                                                {run.outputs[0], run.outputs[1], run.outputs[2]}, run_options));
+      });
+  return {result[0], result[1], result[2]};
 }
 
 }  // namespace
@@ -242,59 +216,11 @@ AttentionBackwardParams make_varlen_backward_params(
 const KernelVariant& select_backward_kernel(const AttentionBackwardParams& params,
                                             const std::string& kernel_name,
                                             HeadDimPadding padding) {
-  const auto reason_for = [&](const KernelVariant& kernel) {
-    // A kernel without a backward says so whatever the head dim.
-    return padding == HeadDimPadding::allowed && kernel.backward_launch != nullptr
-               ? detail::padded_cannot_run_reason(kernel, params, backward_cannot_run_reason)
-               : backward_cannot_run_reason(kernel, params);
-  };
-  // The padding note goes after the reasons when a kernel's head dims ran out.
-  const auto ran_out = [&](const KernelVariant& kernel) {
-    return padding == HeadDimPadding::allowed && kernel.backward_launch != nullptr &&
-           padded_head_dim(kernel, params.head_dim) <= 0;
-  };
-  if (kernel_name == "auto") {
-    std::string reasons;
-    bool head_dims_ran_out = false;
-    for (const auto& kernel : registered_kernels()) {
-      const std::string reason = reason_for(kernel);
-      if (reason.empty()) return kernel;
-      reasons += "\n  " + reason;
-      head_dims_ran_out = head_dims_ran_out || ran_out(kernel);
-    }
-    TORCH_CHECK(false, "no registered kernel has a backward that can run ", describe_problem(params),
-                ":", reasons, head_dims_ran_out ? detail::kPaddingNote : "");
-  }
-  const KernelVariant* kernel = find_kernel(kernel_name);
-  TORCH_CHECK(kernel != nullptr, "unknown kernel '", kernel_name,
-              "'; registered kernels: ", registered_kernel_names(), " (or auto)");
-  TORCH_CHECK(kernel->backward_launch != nullptr, "kernel ", kernel->name,
-              " has no backward pass; kernels with one: ", kernels_with_backward());
-  const std::string reason = reason_for(*kernel);
-  TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run the backward of ",
-              describe_problem(params), ": ", reason, ran_out(*kernel) ? detail::kPaddingNote : "");
-  return *kernel;
+  return detail::select_mode_kernel(params, kernel_name, padding);
 }
 
 void run_backward_kernel(const KernelVariant& kernel, const AttentionBackwardParams& params) {
-  const std::string reason = backward_cannot_run_reason(kernel, params);
-  TORCH_CHECK(reason.empty(), "kernel ", kernel.name, " cannot run the backward of ",
-              describe_problem(params), ": ", reason);
-  // A tensor with no rows (a variable-length batch whose key sequences are all
-  // empty) may have a null data pointer.
-  const bool has_query_rows = params.is_varlen() ? params.total_rows_q > 0 : params.seqlen_q > 0;
-  const bool has_key_rows = params.is_varlen() ? params.total_rows_k > 0 : params.seqlen_k > 0;
-  std::string missing;
-  for (const auto& [name, pointer, has_rows] :
-       {std::tuple<const char*, const void*, bool>{"q", params.q, has_query_rows},
-        {"k", params.k, has_key_rows}, {"v", params.v, has_key_rows},
-        {"out", params.out, has_query_rows}, {"lse", params.lse, has_query_rows},
-        {"dout", params.dout, has_query_rows}, {"dq", params.dq, has_query_rows},
-        {"dk", params.dk, has_key_rows}, {"dv", params.dv, has_key_rows}})
-    if (pointer == nullptr && has_rows) missing += std::string(missing.empty() ? "" : ", ") + name;
-  TORCH_CHECK(missing.empty(), "run_backward_kernel needs every tensor of the backward; got no ",
-              missing, " (make_backward_params leaves a pointer null for an undefined tensor)");
-  launch_backward_checked(kernel, params);
+  detail::run_mode_kernel(kernel, params);
 }
 
 namespace {

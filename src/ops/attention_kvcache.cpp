@@ -13,6 +13,7 @@
 #include <string>
 
 #include "flashlab/attention.h"
+#include "host_path.h"
 #include "validation.h"
 
 namespace flashlab {
@@ -211,13 +212,17 @@ KvCacheParams make_kvcache_params(const at::Tensor& q, const at::Tensor& k_cache
   return params;
 }
 
-namespace {
+namespace detail {
+
+std::string KernelMode<KvCacheParams>::missing(const KernelVariant& kernel) {
+  return kernel.name + " has no KV-cache path; kernels with one: " + kernels_with_mode<KvCacheParams>();
+}
 
 // `params` as the kernel would get them with every tensor zero-padded to
 // `head_dim` (fresh contiguous copies): for asking whether it takes them.
-KvCacheParams kvcache_params_at_head_dim(const KvCacheParams& params, int head_dim) {
+KvCacheParams KernelMode<KvCacheParams>::at_head_dim(const KvCacheParams& params, int head_dim) {
   KvCacheParams padded = params;
-  static_cast<AttentionParams&>(padded) = detail::params_at_head_dim(params, head_dim);
+  static_cast<AttentionParams&>(padded) = params_at_head_dim(params, head_dim);
   if (params.is_paged()) {  // the pages: (num_pages, page_size, kv_heads, head_dim)
     padded.k_head_stride = padded.v_head_stride = head_dim;
     padded.k_row_stride = padded.v_row_stride = static_cast<int64_t>(params.kv_heads) * head_dim;
@@ -232,53 +237,11 @@ KvCacheParams kvcache_params_at_head_dim(const KvCacheParams& params, int head_d
   return padded;
 }
 
-// Why `kernel` cannot run `params` (at the head dim it pads them to when
-// padding is allowed); empty when it can.
-std::string kvcache_cannot_run_reason(const KernelVariant& kernel, const KvCacheParams& params,
-                                      HeadDimPadding padding) {
-  if (kernel.kvcache_launch == nullptr) return kernel.name + " has no KV-cache path";
-  const int padded = padding == HeadDimPadding::allowed ? padded_head_dim(kernel, params.head_dim)
-                                                        : params.head_dim;
-  std::string reason;
-  if (padded <= 0)
-    reason = kernel.kvcache_unsupported_reason(params);
-  else
-    reason = kernel.kvcache_unsupported_reason(
-        padded == params.head_dim ? params : kvcache_params_at_head_dim(params, padded));
-  if (reason.empty() && padded <= 0) reason = kernel.name + " has no head_dim that large";
-  if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
-  return reason;
-}
-
-}  // namespace
+}  // namespace detail
 
 const KernelVariant& select_kvcache_kernel(const KvCacheParams& params, const std::string& kernel_name,
                                            HeadDimPadding padding) {
-  const auto kernels_with_kvcache = [] {
-    std::string names;
-    for (const auto& kernel : registered_kernels())
-      if (kernel.kvcache_launch != nullptr) names += (names.empty() ? "" : ", ") + kernel.name;
-    return names;
-  };
-  if (kernel_name == "auto") {
-    std::string reasons;
-    for (const auto& kernel : registered_kernels()) {
-      if (kernel.kvcache_launch == nullptr) continue;
-      const std::string reason = kvcache_cannot_run_reason(kernel, params, padding);
-      if (reason.empty()) return kernel;
-      reasons += "\n  " + kernel.name + ": " + reason;
-    }
-    TORCH_CHECK(false, "no registered kernel can run ", describe_kvcache_problem(params), ":", reasons);
-  }
-  const KernelVariant* kernel = find_kernel(kernel_name);
-  TORCH_CHECK(kernel != nullptr, "unknown kernel '", kernel_name, "'; registered kernels: ",
-              registered_kernel_names(), " (or auto)");
-  TORCH_CHECK(kernel->kvcache_launch != nullptr, "kernel ", kernel->name,
-              " has no KV-cache path; kernels with one: ", kernels_with_kvcache());
-  const std::string reason = kvcache_cannot_run_reason(*kernel, params, padding);
-  TORCH_CHECK(reason.empty(), "kernel ", kernel->name, " cannot run ", describe_kvcache_problem(params),
-              ": ", reason);
-  return *kernel;
+  return detail::select_mode_kernel(params, kernel_name, padding);
 }
 
 int kvcache_splits(const KernelVariant& kernel, const KvCacheParams& params) {
@@ -287,20 +250,7 @@ int kvcache_splits(const KernelVariant& kernel, const KvCacheParams& params) {
 }
 
 void run_kvcache_kernel(const KernelVariant& kernel, const KvCacheParams& params) {
-  TORCH_CHECK(kernel.kvcache_launch != nullptr, "kernel ", kernel.name, " has no KV-cache path");
-  std::string reason = kernel.kvcache_unsupported_reason(params);
-  if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
-  if (reason.empty() && params.block_timeline != nullptr && !kernel.supports_block_timeline)
-    reason = "it records no block timeline (supports_block_timeline is off); got a block_timeline buffer";
-  TORCH_CHECK(reason.empty(), "kernel ", kernel.name, " cannot run ", describe_kvcache_problem(params),
-              ": ", reason);
-  TORCH_CHECK(params.q != nullptr && params.k != nullptr && params.v != nullptr && params.out != nullptr,
-              "run_kvcache_kernel needs q, k_cache, v_cache and out pointers");
-  if (params.batch == 0 || params.seqlen_q == 0) return;
-  KvCacheParams launched = params;
-  // Freed when this returns (allocate_workspace records the stream).
-  const at::Tensor workspace = detail::prepare_launch(launched, kernel.kvcache_workspace_bytes);
-  kernel.kvcache_launch(launched);
+  detail::run_mode_kernel(kernel, params);
 }
 
 void attention_with_kvcache_into(const at::Tensor& q, const at::Tensor& k_cache,
@@ -314,35 +264,30 @@ void attention_with_kvcache_into(const at::Tensor& q, const at::Tensor& k_cache,
                                "(batch, heads, seqlen_q)");
   // Strict mode only (host copies; CPU tensors work too): else the kernels check them.
   if (detail::host_value_checks(options.strict_checks, q)) check_kvcache_values(k_cache, options, q.size(0));
-  TORCH_CHECK(q.is_cuda(), "q, k_cache and v_cache must be on a CUDA device; got ", q.device());
-  const c10::cuda::CUDAGuard device_guard(q.device());
-  const int64_t head_dim = q.size(3);
-  const int padded = padded_head_dim(kernel, static_cast<int>(head_dim));
-  if (padded == head_dim) {
-    run_kvcache_kernel(kernel, make_kvcache_params(q, k_cache, v_cache, out, lse, options));
-    return;
-  }
-  // A head dim the kernel lacks: zero-padded copies of everything (the
-  // unpadded scale), out sliced back, and, after an append, the cache's
-  // first head_dim columns copied back (O(cache): correct, not fast).
-  const auto pad = [&](const at::Tensor& tensor) { return detail::pad_head_dim(tensor, padded); };
-  KvCacheOptions padded_options = detail::keep_softmax_scale(options, head_dim);
+  const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k_cache and v_cache");
+  // A head dim the kernel lacks: zero-padded copies of everything; after an
+  // append the caches' first head_dim columns are copied back.
   const bool append = has_new_keys(options);
+  detail::LaunchTensors tensors;
   if (append) {
-    padded_options.k_new = pad(*options.k_new);
-    padded_options.v_new = pad(*options.v_new);
+    tensors.inputs = {q, *options.k_new, *options.v_new};
+    tensors.caches = {k_cache, v_cache};
+  } else {
+    tensors.inputs = {q, k_cache, v_cache};
   }
-  const at::Tensor k_padded = pad(k_cache), v_padded = pad(v_cache);
-  std::vector<int64_t> out_sizes = q.sizes().vec();
-  out_sizes.back() = padded;
-  const at::Tensor out_padded = at::empty(out_sizes, q.options());
-  run_kvcache_kernel(kernel,
-                     make_kvcache_params(pad(q), k_padded, v_padded, out_padded, lse, padded_options));
-  out.copy_(out_padded.narrow(-1, 0, head_dim));
-  if (append) {
-    k_cache.copy_(k_padded.narrow(-1, 0, head_dim));
-    v_cache.copy_(v_padded.narrow(-1, 0, head_dim));
-  }
+  tensors.outputs = {out};
+  detail::run_at_kernel_head_dim(
+      kernel, q.size(3), tensors, options, [&](const detail::LaunchTensors& run, const KvCacheOptions& run_options) {
+        if (!append) {
+          detail::launch_mode_kernel(
+              kernel, make_kvcache_params(run.inputs[0], run.inputs[1], run.inputs[2], run.outputs[0], lse, run_options));
+          return;
+        }
+        KvCacheOptions launched = run_options;
+        launched.k_new = run.inputs[1], launched.v_new = run.inputs[2];
+        detail::launch_mode_kernel(
+            kernel, make_kvcache_params(run.inputs[0], run.caches[0], run.caches[1], run.outputs[0], lse, launched));
+      });
 }
 
 AttentionOutput attention_with_kvcache(const at::Tensor& q, const at::Tensor& k_cache,

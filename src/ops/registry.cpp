@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "flashlab/kernel_registry.h"
+#include "host_path.h"
 
 namespace flashlab {
 
@@ -52,11 +53,13 @@ std::string architecture_reason(const KernelVariant& kernel, int compute_capabil
 }
 
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params) {
-  std::string reason = kernel.unsupported_reason(params);
-  if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
-  if (reason.empty() && params.trace.enabled() && !kernel.supports_tile_trace)
-    reason = kernel.name + " does not record tile states (supports_tile_trace is off)";
-  return reason;
+  return detail::mode_cannot_run_reason(kernel, params);
+}
+std::string cannot_run_reason(const KernelVariant& kernel, const AttentionBackwardParams& params) {
+  return detail::mode_cannot_run_reason(kernel, params);
+}
+std::string cannot_run_reason(const KernelVariant& kernel, const KvCacheParams& params) {
+  return detail::mode_cannot_run_reason(kernel, params);
 }
 
 }  // namespace flashlab

@@ -1,6 +1,7 @@
 // Internal to the op library (not installed): the input checks and launch
-// helpers the forward (attention.cpp) and the backward (attention_backward.cpp)
-// share, so both say the same thing about the same mistake. Every check throws
+// helpers every mode shares (attention.cpp, attention_backward.cpp,
+// attention_kvcache.cpp; the path from a parameter block to the launch is
+// host_path.h), so all say the same thing about the same mistake. Every check throws
 // c10::Error with a message naming what was given and what is expected, and
 // none touches the device: structure is checked before the device, so each
 // message can be provoked on CPU tensors.
@@ -80,24 +81,6 @@ Options keep_softmax_scale(Options options, int64_t head_dim) {
 // the padded problem, never for a launch.
 AttentionParams params_at_head_dim(const AttentionParams& params, int head_dim);
 AttentionBackwardParams params_at_head_dim(const AttentionBackwardParams& params, int head_dim);
-
-// Why `kernel` cannot run `params` once padded to the head dim it would pad
-// them to (padded_head_dim), by `reason(kernel, params)` (cannot_run_reason or
-// the backward's); empty when it can. A kernel with no head dim that large
-// gives its own unsupported_reason at the head_dim given.
-template <class Params, class Reason>
-std::string padded_cannot_run_reason(const KernelVariant& kernel, const Params& params,
-                                     const Reason& reason) {
-  const int padded = padded_head_dim(kernel, params.head_dim);
-  if (padded == params.head_dim) return reason(kernel, params);
-  if (padded <= 0) {
-    std::string own = kernel.unsupported_reason(params);
-    return own.empty() ? kernel.name + " has no head_dim of " + std::to_string(params.head_dim) +
-                             " or more"
-                       : own;
-  }
-  return reason(kernel, params_at_head_dim(params, padded));
-}
 
 // The sentence the head-dim errors end with: how a kernel's head dims extend.
 inline constexpr const char* kPaddingNote =

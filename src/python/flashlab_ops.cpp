@@ -170,93 +170,66 @@ using VarlenBwdSignature = TensorTriple(const at::Tensor&, const at::Tensor&, co
                                         std::optional<double>, bool, int64_t, int64_t, bool,
                                         c10::string_view);
 
-// The options both autograd functions keep for the backward.
-void save_options(AutogradContext* ctx, std::optional<double> softmax_scale, bool causal,
-                  int64_t window_left, int64_t window_right, bool deterministic,
-                  c10::string_view kernel) {
-  ctx->saved_data["softmax_scale"] = softmax_scale;
-  ctx->saved_data["causal"] = causal;
-  ctx->saved_data["window_left"] = window_left;
-  ctx->saved_data["window_right"] = window_right;
-  ctx->saved_data["deterministic"] = deterministic;
-  ctx->saved_data["kernel"] = backward_kernel(kernel);
-}
-
-struct SavedOptions {
-  std::optional<double> softmax_scale;
-  bool causal, deterministic;
-  int64_t window_left, window_right;
-  std::string kernel;
-  explicit SavedOptions(AutogradContext* ctx)
-      : softmax_scale(ctx->saved_data["softmax_scale"].toOptional<double>()),
-        causal(ctx->saved_data["causal"].toBool()),
-        deterministic(ctx->saved_data["deterministic"].toBool()),
-        window_left(ctx->saved_data["window_left"].toInt()),
-        window_right(ctx->saved_data["window_right"].toInt()),
-        kernel(ctx->saved_data["kernel"].toStringRef()) {}
+// A variable-length batch's lengths; cu_seqlens undefined: a fixed-length
+// batch. Not an input of the autograd graph (an argument of another type than
+// a tensor: no gradient, and C++ autograd takes no undefined input tensor).
+struct Lengths {
+  at::Tensor cu_seqlens_q, cu_seqlens_k;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 };
 
+// The autograd node of both forwards, fixed-length and variable-length.
 struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, std::optional<double> softmax_scale, bool causal,
-                               int64_t window_left, int64_t window_right, bool deterministic,
-                               c10::string_view kernel) {
+                               const at::Tensor& v, const Lengths& lengths,
+                               std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                               int64_t window_right, bool deterministic, c10::string_view kernel) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse] = op_handle<FwdSignature>("flashlab::fwd")
-                          .call(q, k, v, softmax_scale, causal, window_left, window_right,
-                                deterministic, kernel);
-    ctx->save_for_backward({q, k, v, out, lse});
-    save_options(ctx, softmax_scale, causal, window_left, window_right, deterministic, kernel);
-    ctx->mark_non_differentiable({lse});
-    return {out, lse};
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const SavedOptions o(ctx);
-    auto [dq, dk, dv] = op_handle<BwdSignature>("flashlab::bwd")
-                            .call(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3],
-                                  saved[4], o.softmax_scale, o.causal, o.window_left,
-                                  o.window_right, o.deterministic, o.kernel);
-    return {dq, dk, dv, {}, {}, {}, {}, {}, {}};
-  }
-};
-
-struct VarlenAttentionFunction : torch::autograd::Function<VarlenAttentionFunction> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-                               const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
-                               int64_t max_seqlen_k, std::optional<double> softmax_scale,
-                               bool causal, int64_t window_left, int64_t window_right,
-                               bool deterministic, c10::string_view kernel) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse] = op_handle<VarlenFwdSignature>("flashlab::varlen_fwd")
-                          .call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                softmax_scale, causal, window_left, window_right, deterministic,
-                                kernel);
+    const auto& [cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k] = lengths;
+    const bool varlen = cu_seqlens_q.defined();
+    auto [out, lse] =
+        varlen ? op_handle<VarlenFwdSignature>("flashlab::varlen_fwd")
+                     .call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                           causal, window_left, window_right, deterministic, kernel)
+               : op_handle<FwdSignature>("flashlab::fwd")
+                     .call(q, k, v, softmax_scale, causal, window_left, window_right, deterministic, kernel);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k});
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
     ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
-    save_options(ctx, softmax_scale, causal, window_left, window_right, deterministic, kernel);
+    ctx->saved_data["softmax_scale"] = softmax_scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
+    ctx->saved_data["deterministic"] = deterministic;
+    ctx->saved_data["kernel"] = backward_kernel(kernel);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
-    const SavedOptions o(ctx);
+    auto& data = ctx->saved_data;
+    const std::optional<double> softmax_scale = data["softmax_scale"].toOptional<double>();
+    const bool causal = data["causal"].toBool(), deterministic = data["deterministic"].toBool();
+    const int64_t window_left = data["window_left"].toInt(), window_right = data["window_right"].toInt();
+    const std::string kernel = data["kernel"].toStringRef();
+    const at::Tensor dout = grads[0].contiguous();
     auto [dq, dk, dv] =
-        op_handle<VarlenBwdSignature>("flashlab::varlen_bwd")
-            .call(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
-                  saved[5], saved[6], ctx->saved_data["max_seqlen_q"].toInt(),
-                  ctx->saved_data["max_seqlen_k"].toInt(), o.softmax_scale, o.causal,
-                  o.window_left, o.window_right, o.deterministic, o.kernel);
-    return {dq, dk, dv, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+        saved[5].defined()
+            ? op_handle<VarlenBwdSignature>("flashlab::varlen_bwd")
+                  .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+                        data["max_seqlen_q"].toInt(), data["max_seqlen_k"].toInt(), softmax_scale, causal,
+                        window_left, window_right, deterministic, kernel)
+            : op_handle<BwdSignature>("flashlab::bwd")
+                  .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], softmax_scale, causal,
+                        window_left, window_right, deterministic, kernel);
+    return {dq, dk, dv, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
 TensorPair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         std::optional<double> softmax_scale, bool causal, int64_t window_left,
                         int64_t window_right, bool deterministic, c10::string_view kernel) {
-  const variable_list result = AttentionFunction::apply(q, k, v, softmax_scale, causal, window_left,
+  const variable_list result = AttentionFunction::apply(q, k, v, Lengths{}, softmax_scale, causal, window_left,
                                                         window_right, deterministic, kernel);
   return {result[0], result[1]};
 }
@@ -267,8 +240,8 @@ TensorPair varlen_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const a
                                std::optional<double> softmax_scale, bool causal,
                                int64_t window_left, int64_t window_right, bool deterministic,
                                c10::string_view kernel) {
-  const variable_list result = VarlenAttentionFunction::apply(
-      q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+  const variable_list result = AttentionFunction::apply(
+      q, k, v, Lengths{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k}, softmax_scale, causal,
       window_left, window_right, deterministic, kernel);
   return {result[0], result[1]};
 }

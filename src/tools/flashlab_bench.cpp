@@ -119,6 +119,7 @@ struct BenchConfig {
   bool plain_read = true;    // a plain_read row per case: K and V read and nothing else
   int samples = 100;         // timed calls per row (fixed: Google Benchmark's Iterations)
   bool api = false;          // time loops of the public API's calls (host time included)
+  int device = -1;           // --device: -1 the current CUDA device
 };
 
 // "32/8,64/8" -> {(32, 8), (64, 8)}; "16" -> {(16, 16)}. Query heads a multiple of kv heads.
@@ -292,6 +293,8 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 samples_given = true;
                 decode_only.push_back("--samples");
               })
+      .option("--device", "N", "the CUDA device to time on (default: the current one, 0 unless\nCUDA_VISIBLE_DEVICES says otherwise)",
+              [&](const std::string& v) { config.device = parse_int("--device", v, 0, kIntMax); })
       .pass_through("--benchmark_", "Google Benchmark's own flags (--benchmark_filter=REGEX, --benchmark_out=FILE, ...)");
   const auto result = parser.parse(argc, argv);
   if (result.help) {
@@ -344,7 +347,7 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
 // The bf16 matmul rate this GPU reaches now, the ceiling attention is measured against.
 double measure_matmul_peak_tflops() {
   const int n = 8192;
-  const auto options = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const auto options = at::TensorOptions().dtype(at::kBFloat16).device(flashlab::current_cuda_device());
   const at::Tensor a = at::randn({n, n}, options), b = at::randn({n, n}, options);
   at::Tensor c = at::empty({n, n}, options);
   EventTimer timer;
@@ -435,7 +438,7 @@ const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec&
   if (current.case_name != case_name) {
     current = {};
     settle_after_free();
-    current.inputs = flashlab::make_inputs(spec, at::Device(at::kCUDA, 0));
+    current.inputs = flashlab::make_inputs(spec, flashlab::current_cuda_device());
     if (direction != Direction::forward) current.dout = flashlab::make_dout(spec, current.inputs);
     current.case_name = case_name;
   }
@@ -741,7 +744,7 @@ double copy_gbps = 0;
 
 // Device-to-device copy of `bytes`, (read + write) bytes per second / 1e9.
 double measure_copy_gbps(size_t bytes) {
-  const auto options = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, 0);
+  const auto options = at::TensorOptions().dtype(at::kByte).device(flashlab::current_cuda_device());
   const at::Tensor source = at::ones({static_cast<int64_t>(bytes)}, options);
   at::Tensor target = at::empty_like(source);
   EventTimer timer;
@@ -784,7 +787,7 @@ DecodeInputs& decode_inputs_for(const DecodeCase& c) {
   settle_after_free();
   DecodeInputs& in = decode_current;
   at::manual_seed(1234);
-  const auto options = at::TensorOptions().dtype(c.dtype).device(at::kCUDA, 0);
+  const auto options = at::TensorOptions().dtype(c.dtype).device(flashlab::current_cuda_device());
   in.q = at::randn({c.batch, 1, c.heads, c.head_dim}, options);
   in.k_cache = at::randn({c.batch, c.cache_len, c.kv_heads, c.head_dim}, options);
   in.v_cache = at::randn({c.batch, c.cache_len, c.kv_heads, c.head_dim}, options);
@@ -803,7 +806,7 @@ void make_paged_view(DecodeInputs& in, const DecodeCase& c, int page_size) {
   in.k_pages = in.k_cache.view({pages, page_size, c.kv_heads, c.head_dim});
   in.v_pages = in.v_cache.view({pages, page_size, c.kv_heads, c.head_dim});
   const at::Tensor table =
-      at::randperm(pages, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, 0)).view({c.batch, per_sequence});
+      at::randperm(pages, at::TensorOptions().dtype(at::kLong).device(flashlab::current_cuda_device())).view({c.batch, per_sequence});
   for (const int b : in.checked) {
     const at::Tensor rows = table[b];
     in.paged_reference.push_back(decode_reference(in.q[b][0], in.k_pages.index_select(0, rows).flatten(0, 1),
@@ -1209,8 +1212,15 @@ int main(int argc, char** argv) {
     std::cerr << "flashlab-bench: cannot run: " << unavailable << "\n";
     return 3;
   }
+  if (config.device >= 0) {
+    const std::string problem = flashlab::select_cuda_device(config.device);
+    if (!problem.empty()) {
+      std::cerr << "flashlab-bench: " << problem << "\n";
+      return 2;
+    }
+  }
   cudaDeviceProp properties{};
-  FLASHLAB_CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+  FLASHLAB_CUDA_CHECK(cudaGetDeviceProperties(&properties, flashlab::current_cuda_device().index()));
   benchmark::AddCustomContext("gpu", properties.name);
   if (config.decode) return run_decode(config);
   if (config.sweep) {

@@ -31,6 +31,7 @@ constexpr int kExitPass = 0, kExitMismatch = 1, kExitBadArguments = 2, kExitNoGp
 
 struct Arguments {
   flashlab::ProblemSpec spec;
+  int device = -1;  // --device: -1 the current CUDA device
   bool json = false;
   int repeat = 20;
   bool trace_tiles = false;
@@ -150,6 +151,8 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
               [&](const std::string& v) { spec.window_right = parse_int("--window-right", v, -1, kIntMax); })
       .option("--softmax-scale", "X", "(default 1/sqrt(D))",
               [&](const std::string& v) { spec.softmax_scale = flashlab::parse_number("--softmax-scale", v); })
+      .option("--device", "N", "the CUDA device to run on (default: the current one, 0 unless\nCUDA_VISIBLE_DEVICES says otherwise)",
+              [&](const std::string& v) { arguments.device = parse_int("--device", v, 0, kIntMax); })
       .option("--seed", "N", "(default: a fresh seed, printed so the run can be repeated)",
               [&](const std::string& v) {
                 spec.seed = static_cast<uint64_t>(flashlab::parse_integer("--seed", v, 0));
@@ -449,6 +452,13 @@ int main(int argc, char** argv) {
     std::cerr << "flashlab-run: cannot run: " << unavailable
               << ". flashlab-run needs an NVIDIA GPU (the CPU tests run without one: make test).\n";
     return kExitNoGpu;
+  }
+  if (arguments.device >= 0) {
+    const std::string problem = flashlab::select_cuda_device(arguments.device);
+    if (!problem.empty()) {
+      std::cerr << "flashlab-run: " << problem << "\n";
+      return kExitBadArguments;
+    }
   }
   std::cout << "seed " << arguments.spec.seed << " (pass --seed " << arguments.spec.seed
             << " to repeat this problem)\n";

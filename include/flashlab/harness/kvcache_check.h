@@ -244,14 +244,15 @@ struct KvCacheCheckResult {
   std::string to_json() const;
 };
 
-// The whole check on GPU 0. Timing (check_options.timed_launches: launches
+// The whole check (src/harness/check_pipeline.h's steps) on
+// current_cuda_device(). Timing (check_options.timed_launches: launches
 // through run_kvcache_kernel, without the host checks) comes after the
 // comparison: a timed launch appends the same rows again.
 KvCacheCheckResult check_kvcache(const KvCacheSpec& spec, const CheckOptions& check_options = {});
 
 // One launch of the kernel's KV-cache path after an L2 flush, with
 // params.block_timeline pointing at zeroed slots for grid_blocks blocks (the
-// split kernel's grid: KernelVariant::supports_block_timeline); on GPU 0.
+// split kernel's grid: KernelVariant::supports_block_timeline); on the current device.
 BlockTimeline record_block_timeline(const KernelVariant& kernel, KvCacheParams params, int64_t grid_blocks);
 // The split kernel's blocks: splits x packed-row tiles x batch x kv_heads.
 int64_t kvcache_grid_blocks(const KvCacheSpec& spec, int num_splits, const TileShape& tiles);

@@ -172,7 +172,7 @@ void explain_forward_nonfinite(ComparisonReport& out, ComparisonReport& lse,
                                const OriginInputs& origin);
 
 // The start of a check on the GPU: throws c10::Error ("<check> needs a GPU: <why>")
-// without a usable device, else the problem's inputs on device 0.
+// without a usable device, else the problem's inputs on current_cuda_device().
 ProblemInputs make_gpu_inputs(const ProblemSpec& spec, const char* check);
 
 struct ForwardComparison {
@@ -203,9 +203,19 @@ struct CheckOptions {
   bool block_timeline = false;
 };
 
+// The whole forward check: src/harness/check_pipeline.h's steps (the same for
+// check_backward and check_kvcache) on current_cuda_device().
 CheckResult check_kernel(const ProblemSpec& spec, const CheckOptions& check_options = {});
 
 // Skip reason for GPU tests and executables: empty when a CUDA device is usable.
 std::string cuda_unavailable_reason();
+
+// The device the harness and the tools make their tensors on and launch on:
+// the current CUDA device (flashlab-run / flashlab-bench --device, or
+// CUDA_VISIBLE_DEVICES, pick it), never a fixed index.
+at::Device current_cuda_device();
+// Makes CUDA device `index` the current one (the tools' --device); empty on
+// success, else why not ("--device 2: this machine has 1 CUDA device (0)").
+std::string select_cuda_device(int index);
 
 }  // namespace flashlab

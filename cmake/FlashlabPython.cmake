@@ -19,6 +19,27 @@ if(FLASHLAB_BUILD_PYTHON)
     INSTALL_RPATH "${CUDAToolkit_LIBRARY_DIR}")
   install(TARGETS flashlab_ops LIBRARY DESTINATION flashlab COMPONENT python)
 
+  # The C++ runtime: the shared libstdc++ the Python process already holds for
+  # torch. A compiler that has only a static libstdc++ (the GPU machine's
+  # /opt/gcc g++ 13.3: -print-file-name finds no libstdc++.so) links a private
+  # copy into the extension, beside the process's shared one; the two copies'
+  # locale state disagree, and the first c10::Error whose message streams a
+  # number crashed in std::ostream::_M_insert<long> (session 20). Linking the
+  # system's libstdc++.so.6 first keeps one copy.
+  execute_process(COMMAND "${CMAKE_CXX_COMPILER}" -print-file-name=libstdc++.so
+                  OUTPUT_VARIABLE _shared_libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND NOT IS_ABSOLUTE "${_shared_libstdcxx}")
+    find_library(FLASHLAB_SHARED_LIBSTDCXX NAMES libstdc++.so.6
+                 PATHS /usr/lib/x86_64-linux-gnu /usr/lib64 /lib/x86_64-linux-gnu /usr/lib NO_DEFAULT_PATH)
+    if(FLASHLAB_SHARED_LIBSTDCXX)
+      target_link_libraries(flashlab_ops PRIVATE "${FLASHLAB_SHARED_LIBSTDCXX}")
+      message(STATUS "flashlab: ${CMAKE_CXX_COMPILER} has no shared libstdc++; the extension links ${FLASHLAB_SHARED_LIBSTDCXX}")
+    else()
+      message(WARNING "flashlab: ${CMAKE_CXX_COMPILER} has no shared libstdc++ and none was found in the system's "
+                      "library folders: the extension gets a private static copy (c10::Error messages may crash)")
+    endif()
+  endif()
+
   if(FLASHLAB_BUILD_TESTS)
     # pytest over tests/python against the build tree: the package from the
     # source tree, the extension from FLASHLAB_OPS_LIBRARY. A run whose every

@@ -76,10 +76,11 @@ using namespace ::flashlab::sm80;
 // attention asked for). check_kvcache_values reports them: in the combine
 // kernel while the split kernel runs, or with one split (no combine) in one
 // warp of the split kernel's first block of each sequence, inline, while its
-// first chunks load. Never a call in the split kernel: any call site there,
-// even one never taken, cost its key loop (H100, session 19, same-run A/B
-// against 25c3c2b: the paged decode up to 18% slower with a report call in the
-// chunk loop, up to 41% with one at the block's start).
+// first chunks load (an instantiation of its own: kCheckValues). Never a call
+// in the split kernel: any call site there, even one never taken, cost its key
+// loop (H100, session 19, same-run A/B against 25c3c2b: the paged decode up to
+// 18% slower with a report call in the chunk loop, up to 41% with one at the
+// block's start).
 __device__ __forceinline__ DeviceErrorCode cache_seqlens_code(const KvCacheParams& p) {
   return p.is_paged() ? DeviceErrorCode::cache_seqlens_paged : DeviceErrorCode::cache_seqlens;
 }
@@ -170,11 +171,16 @@ __device__ __forceinline__ int64_t partial_row(const KvCacheParams& p, int split
   return ((static_cast<int64_t>(split) * p.batch + batch) * p.heads + head) * p.seqlen_q + query;
 }
 
+// kCheckValues: the instantiation launched with one split (no combine) on
+// device values: a warp of each sequence's first block checks them. Its own
+// instantiation because the check's code, never run, cost the others: with it
+// in every instantiation the paged batch-1 x 1k decode (8 splits, checked by
+// the combine) took 13.3 us against 10.9 (H100, session 20, call 3).
 // kTimeline: the instantiation launched with a block timeline (the hooks
 // compiled in); the one launched without has none. Hooks behind a run-time
 // null check alone made the deep ring at head_dim 64 5.6-6.4% slower (batch 8
 // x 8k / 32k, H100, session 16), though they ran no instruction but a branch.
-template <class Tr, typename Element, bool kTimeline>
+template <class Tr, typename Element, bool kTimeline, bool kCheckValues>
 __global__ void __launch_bounds__(Tr::kThreads)
     splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits) {
   constexpr int kD = Tr::kHeadDim;
@@ -287,9 +293,8 @@ __global__ void __launch_bounds__(Tr::kThreads)
   }
   // With one split no combine runs to check the device values: the last warp
   // of each sequence's first block does, while its first chunks load.
-  if (num_splits == 1 && blockIdx.y == 0 && kv_head == 0 && warp == kWarps - 1 &&
-      (p.cache_seqlens != nullptr || p.is_paged()))
-    check_kvcache_values(p, batch, lane, 32);
+  if constexpr (kCheckValues)
+    if (blockIdx.y == 0 && kv_head == 0 && warp == kWarps - 1) check_kvcache_values(p, batch, lane, 32);
   cp_async_wait<kStages - 1>();  // this thread's Q pieces (the oldest group) have landed
   __syncthreads();               // everyone's have
 
@@ -647,15 +652,19 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
     const int64_t rows = static_cast<int64_t>(params.batch) * params.heads * params.seqlen_q;
     float* o_partial = num_splits > 1 ? static_cast<float*>(params.workspace) : nullptr;
     float* lse_partial = num_splits > 1 ? o_partial + num_splits * rows * kD : nullptr;
-    auto kernel = params.block_timeline != nullptr ? splitkv_kernel<Tr, Element, true>
-                                                   : splitkv_kernel<Tr, Element, false>;
+    const bool check_values = num_splits == 1 && (params.cache_seqlens != nullptr || params.is_paged());
+    const bool timeline = params.block_timeline != nullptr;
+    auto kernel = timeline ? (check_values ? splitkv_kernel<Tr, Element, true, true>
+                                           : splitkv_kernel<Tr, Element, true, false>)
+                           : (check_values ? splitkv_kernel<Tr, Element, false, true>
+                                           : splitkv_kernel<Tr, Element, false, false>);
     const int packed_rows = params.seqlen_q * (params.heads / params.kv_heads);
     const dim3 grid(num_splits, (packed_rows + Tr::kBlockRows - 1) / Tr::kBlockRows,
                     params.batch * params.kv_heads);
-    static ResidentClusters resident_clusters[2];  // without and with the timeline hooks
+    static ResidentClusters resident_clusters[2][2];  // [timeline hooks][value check]
     const int cluster_size = kvcache_cluster_size(params, num_splits);
     if (cluster_size == 1 ||
-        !launch_in_clusters(kernel, resident_clusters[params.block_timeline != nullptr], grid, Tr::kThreads,
+        !launch_in_clusters(kernel, resident_clusters[timeline][check_values], grid, Tr::kThreads,
                             Tr::kSmemBytes, cluster_size, stream, static_cast<const KvCacheParams&>(params),
                             o_partial, lse_partial, num_splits)) {
       if constexpr (Tr::kSmemBytes > 48 * 1024)  // (a cluster launch may have raised it)

@@ -201,6 +201,7 @@ TEST_F(DeviceValuesTest, EveryKernelClampsVarlenOffsets) {
 struct Cache {
   at::Tensor q, k_cache, v_cache, cache_seqlens, block_table, k_new, v_new;
   int page_size = 0;
+  int num_splits = 0;  // 0: the kernel's heuristic (1 for these small caches)
   bool paged() const { return block_table.defined(); }
   int64_t capacity() const { return paged() ? block_table.size(1) * page_size : k_cache.size(1); }
   KvCacheOptions options() const {
@@ -208,6 +209,7 @@ struct Cache {
     o.cache_seqlens = cache_seqlens;
     if (paged()) o.block_table = block_table;
     if (k_new.defined()) o.k_new = k_new, o.v_new = v_new;
+    o.num_splits = num_splits;
     return o;
   }
 };
@@ -275,6 +277,8 @@ TEST_F(DeviceValuesTest, BadCacheValuesAreClampedAndReportedAndWriteNothingOutOf
     const int kind = (trial / 2) % (paged ? 4 : 2);  // 0, 1: lengths; 2, 3: page entries
     const int seqlen_new = trial % 3 == 0 ? 0 : uniform(1, 3);
     Cache c = make_cache(rng_, uniform(2, 6), paged, seqlen_new);
+    // One split: the split kernel checks the values; three: the combine does.
+    c.num_splits = trial % 4 < 2 ? 1 : 3;
     const int b = uniform(0, static_cast<int>(c.q.size(0)) - 1);
     std::vector<std::string> fragments;
     if (kind == 0 || kind == 1) {
@@ -295,7 +299,8 @@ TEST_F(DeviceValuesTest, BadCacheValuesAreClampedAndReportedAndWriteNothingOutOf
                    "is not a page of the cache"};
     }
     const std::string label = "trial " + std::to_string(trial) + (paged ? " paged" : " contiguous") + ", append " +
-                              std::to_string(seqlen_new) + ", " + fragments[0] + ", seed " + std::to_string(test_seed());
+                              std::to_string(seqlen_new) + ", splits " + std::to_string(c.num_splits) + ", " +
+                              fragments[0] + ", seed " + std::to_string(test_seed());
     const at::Tensor k_before = c.k_cache.clone(), v_before = c.v_cache.clone();
     const KvCacheOptions options = c.options();
     expect_reported([&] { (void)attention_with_kvcache(c.q, c.k_cache, c.v_cache, options); }, fragments, label);

@@ -58,6 +58,7 @@
 #include <string>
 
 #include "common/sequence_view.h"
+#include "common/mask.h"
 #include "common/visible_keys.h"
 #include "fa1_scalar_kernel.cuh"
 #include "flashlab/cuda_check.h"
@@ -136,6 +137,7 @@ FLASHLAB_HOST_DEVICE void dk_dv_thread(const AttentionBackwardParams& params, in
                                                                        : seqlen_k) - 1;
   const KeyRange block_rows = visible_rows_of_keys(block_key0, block_key_last, seqlen_q, seqlen_k,
                                                    params.window_left, params.window_right);
+  const VisibleKeyMask mask{seqlen_q, seqlen_k, params.window_left, params.window_right};
 
   const int group = params.heads / params.kv_heads;  // query heads per kv head
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
@@ -145,9 +147,7 @@ FLASHLAB_HOST_DEVICE void dk_dv_thread(const AttentionBackwardParams& params, in
                           head * params.dout_head_stride;
 #pragma unroll 1
     for (int row = block_rows.first; row <= block_rows.last; ++row) {
-      if (!visible_keys(row, seqlen_q, seqlen_k, params.window_left, params.window_right)
-               .contains(key))
-        continue;  // masked: p = 0
+      if (!mask.visible(row).contains(key)) continue;  // masked: p = 0
       const float lse = params.lse[lse_index(params, view, batch, head, row)];
       // A row that saw no key adds nothing (with finite inputs a row that sees
       // this key has a finite LSE; the test keeps p from being exp(+inf)).
@@ -211,8 +211,7 @@ FLASHLAB_HOST_DEVICE void dq_thread(const AttentionBackwardParams& params, int r
 
   const float lse = params.lse[lse_index(params, view, batch, head, row)];
   const float d = params.softmax_d[lse_index(params, view, batch, head, row)];
-  const KeyRange my_keys =
-      visible_keys(row, seqlen_q, seqlen_k, params.window_left, params.window_right);
+  const KeyRange my_keys = VisibleKeyMask{seqlen_q, seqlen_k, params.window_left, params.window_right}.visible(row);
   // The keys at least one row of this block sees; each thread skips the ones it does not.
   const int block_row_last = (block_row0 + kBackwardThreads < seqlen_q ? block_row0 + kBackwardThreads
                                                                        : seqlen_q) - 1;

@@ -34,6 +34,7 @@
 #include "common/sequence_view.h"
 #include "common/static_switch.h"
 #include "common/tile_trace.h"
+#include "common/mask.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_registry.h"
@@ -106,8 +107,8 @@ __global__ void __launch_bounds__(kBlockQ)
 
   const int my_row = tile_row0 + threadIdx.x;
   const bool row_in_range = my_row < seqlen_q;
-  const KeyRange my_keys =
-      visible_keys(my_row, seqlen_q, seqlen_k, params.window_left, params.window_right);
+  const VisibleKeyMask mask{seqlen_q, seqlen_k, params.window_left, params.window_right};
+  const KeyRange my_keys = mask.visible(my_row);
 
   // Key tiles any row of this block can see; tiles outside are skipped whole.
   const KeyRange block_keys =

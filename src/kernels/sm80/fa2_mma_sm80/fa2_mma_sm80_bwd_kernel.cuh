@@ -80,6 +80,7 @@
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
+#include "common/mask.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -301,6 +302,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int seqlen_q = view.seqlen_q, seqlen_k = view.seqlen_k;
   const int group = p.heads / p.kv_heads;  // query heads per kv head
   const int window_left = p.window_left, window_right = p.window_right;
+  const VisibleKeyMask mask{seqlen_q, seqlen_k, window_left, window_right};
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int n_key_blocks = (seqlen_k + kBN - 1) / kBN;
 
@@ -451,8 +453,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           acc_dp, do_cur + sdp_a_lane, v_smem + sdp_b_lane);
 
       // Mask (only blocks some row does not see whole), P, dS; both to shared memory.
-      const bool needs_mask = !tile_fully_visible(m0, m0 + kBM - 1, n0, n0 + kBN - 1, seqlen_q,
-                                                  seqlen_k, window_left, window_right);
+      const bool needs_mask = mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
       const float* const lse_rows = lse_stats + q_stage * kBM;
       const float* const d_rows = d_stats + q_stage * kBM;
 #pragma unroll
@@ -466,16 +467,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const float lse_log2 =
               m0 + row < seqlen_q && lse != -INFINITY ? lse * kLog2e : INFINITY;
           const float row_d = d_rows[row];
-          if (needs_mask) {
-            const KeyRange keys =
-                visible_keys(m0 + row, seqlen_q, seqlen_k, window_left, window_right);
-#pragma unroll
-            for (int n = 0; n < kSdpNT; ++n)
-#pragma unroll
-              for (int i = 0; i < 2; ++i)
-                if (!keys.contains(n0 + sdp_col0 + n * 8 + quad_col * 2 + i))
-                  acc_s[mt][n][h * 2 + i] = -INFINITY;
-          }
+          if (needs_mask)
+            mask.apply_row<kSdpNT>(m0 + row, n0 + sdp_col0, quad_col * 2,
+                                   [&](int n, int i) -> float& { return acc_s[mt][n][h * 2 + i]; });
 #pragma unroll
           for (int n = 0; n < kSdpNT; ++n) {
             float prob[2], dscore[2];

@@ -42,6 +42,7 @@
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
 #include "common/tile_trace.h"
+#include "common/mask.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -149,6 +150,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
 
   // Key tiles visible to at least one row of this query tile; the rest are skipped.
   const int window_left = p.window_left, window_right = p.window_right;
+  const VisibleKeyMask mask{seqlen_q, seqlen_k, window_left, window_right};
   const KeyRange tile_keys = visible_keys_of_rows(q0, min(q0 + kBQ, seqlen_q) - 1, seqlen_q,
                                                   seqlen_k, window_left, window_right);
   const int tile_begin = tile_keys.first / kBK;
@@ -260,21 +262,13 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
       // Mask only tiles that some row of the query tile does not see whole
       // (the sequence end counts: visible keys stop at seqlen_k - 1).
       const int k0 = tile * kBK;
-      if (!tile_fully_visible(q0, q0 + kBQ - 1, k0, k0 + kBK - 1, seqlen_q, seqlen_k, window_left,
-                              window_right)) {
+      if (mask.needs_mask(q0, q0 + kBQ - 1, k0, k0 + kBK - 1)) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const KeyRange keys = visible_keys(q0 + warp_row0 + mt * 16 + group + h * 8, seqlen_q,
-                                               seqlen_k, window_left, window_right);
-#pragma unroll
-            for (int n = 0; n < kSTiles; ++n)
-#pragma unroll
-              for (int i = 0; i < 2; ++i)
-                if (!keys.contains(k0 + n * 8 + thread_in_group * 2 + i))
-                  acc_s[mt][n][h * 2 + i] = -INFINITY;
-          }
+          for (int h = 0; h < 2; ++h)
+            mask.apply_row<kSTiles>(q0 + warp_row0 + mt * 16 + group + h * 8, k0, thread_in_group * 2,
+                                    [&](int n, int i) -> float& { return acc_s[mt][n][h * 2 + i]; });
       }
 
       // Online softmax (base 2); P overwrites S in place.

@@ -60,6 +60,7 @@
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/value_guard.h"
+#include "common/mask.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -216,6 +217,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const int seqlen_q = p.seqlen_q;
   const int seqlen_k = kvcache_seqlen_k(p, batch);
   const int window_left = p.window_left, window_right = p.window_right;
+  const VisibleKeyMask mask{seqlen_q, seqlen_k, window_left, window_right};
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -358,17 +360,11 @@ __global__ void __launch_bounds__(Tr::kThreads)
     }
 
     const int key0 = chunk_of(j) * kChunk;
-    if (!tile_fully_visible(query_first, query_last, key0, key0 + kChunk - 1, seqlen_q, seqlen_k,
-                            window_left, window_right)) {
+    if (mask.needs_mask(query_first, query_last, key0, key0 + kChunk - 1)) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const KeyRange visible = visible_keys(row_query[h], seqlen_q, seqlen_k, window_left, window_right);
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int i = 0; i < 2; ++i)
-            if (!visible.contains(key0 + n * 8 + thread_in_group * 2 + i)) acc_s[0][n][h * 2 + i] = -INFINITY;
-      }
+      for (int h = 0; h < 2; ++h)
+        mask.apply_row<2>(row_query[h], key0, thread_in_group * 2,
+                          [&](int n, int i) -> float& { return acc_s[0][n][h * 2 + i]; });
     }
 
     // Online softmax (base 2), P in place of S; l stays a per-thread partial sum.

@@ -54,6 +54,7 @@
 #include "common/ptx_sm90.h"
 #include "common/sequence_view.h"
 #include "common/tile_trace.h"
+#include "common/mask.h"
 #include "common/visible_keys.h"
 #include "common/wgmma_sm90_generated.h"
 #include "flashlab/cuda_check.h"
@@ -363,19 +364,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   auto softmax = [&](int tile, bool needs_mask) {
     const int k0 = tile * kBN;
     if (needs_mask) {
+      const VisibleKeyMask mask{cur.view.seqlen_q, cur.view.seqlen_k, p.window_left, p.window_right};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = cur.q0 + warp_row0 + group + h * 8;
-        const KeyRange visible = visible_keys(row, cur.view.seqlen_q, cur.view.seqlen_k,
-                                              p.window_left, p.window_right);
-#pragma unroll
-        for (int n = 0; n < kBN / 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = k0 + n * 8 + thread_in_group * 2 + e;
-            if (!visible.contains(key)) acc_s[n * 4 + h * 2 + e] = -INFINITY;
-          }
-      }
+      for (int h = 0; h < 2; ++h)
+        mask.apply_row<kBN / 8>(cur.q0 + warp_row0 + group + h * 8, k0, thread_in_group * 2,
+                                [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -450,9 +443,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const auto needs_mask = [&](int tile) {
     if constexpr (Tr::kMaskFreeSteps) return !cur.unmasked.contains(tile);
     const int k0 = tile * kBN;
-    return k0 + kBN > cur.view.seqlen_k ||
-           !tile_fully_visible(cur.q0, cur.q0 + kBM - 1, k0, k0 + kBN - 1, cur.view.seqlen_q,
-                               cur.view.seqlen_k, p.window_left, p.window_right);
+    const VisibleKeyMask mask{cur.view.seqlen_q, cur.view.seqlen_k, p.window_left, p.window_right};
+    return k0 + kBN > cur.view.seqlen_k || mask.needs_mask(cur.q0, cur.q0 + kBM - 1, k0, k0 + kBN - 1);
   };
   // The first key tile's S (in the K stage of kv_iteration), then its softmax
   // and P: what every later step builds on.

@@ -79,7 +79,7 @@ struct KernelArguments {
   int* tile_counter = nullptr;
 };
 
-// One work tile (WorkTile, work_tile_at and the schedule: fa3_wgmma_sm90.h).
+// One work tile (WorkTile, work_tile_at and the schedule: common/tile_scheduler.h).
 __device__ __forceinline__ WorkTile work_tile(const KernelArguments& args, int index) {
   return work_tile_at(index, args.num_q_blocks, args.section_heads, args.params.heads,
                       args.params.batch);

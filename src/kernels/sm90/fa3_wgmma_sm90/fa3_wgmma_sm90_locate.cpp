@@ -3,7 +3,7 @@
 // default tiling of the head dim. Host only.
 //
 //   persistent grid: CTA i takes work tiles i, i + grid, ... in the order of
-//   work_tile_at (fa3_wgmma_sm90.h), whose sections depend on the device's L2
+//   work_tile_at (common/tile_scheduler.h), whose sections depend on the device's L2
 //   and the grid on its SM count (schedule()); under masks and varlen, tilings
 //   with kDynamicSchedule hand tiles out at run time (the traced build never);
 //   warpgroup 0 produces; consumer warpgroup 1 + row_in_block / 64 owns the

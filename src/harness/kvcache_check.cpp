@@ -37,13 +37,6 @@ std::string join(const std::vector<int>& values, size_t limit = 16) {
   return text;
 }
 
-std::string registered_kvcache_kernels() {
-  std::string names;
-  for (const auto& kernel : registered_kernels())
-    if (kernel.kvcache_launch != nullptr) names += (names.empty() ? "" : ", ") + kernel.name;
-  return names.empty() ? "none" : names;
-}
-
 // The elements' bit patterns as integers (NaN poison compares equal to itself).
 at::Tensor bit_patterns(const at::Tensor& values) {
   return values.element_size() == 2 ? values.view(at::kShort) : values.view(at::kInt);
@@ -242,7 +235,7 @@ std::string kvcache_unsupported_reason(const KernelVariant& kernel, const KvCach
   const std::string invalid = spec.invalid_reason();
   if (!invalid.empty()) return invalid;
   if (kernel.kvcache_launch == nullptr)
-    return kernel.name + " has no KV-cache path; kernels with one: " + registered_kvcache_kernels();
+    return cannot_run_reason(kernel, KvCacheParams{});  // the op library's "<kernel> has no KV-cache path; ..."
   // Shapes only, one sequence (support does not depend on the batch count).
   KvCacheSpec one = spec;
   one.batch = 1;

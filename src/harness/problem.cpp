@@ -457,10 +457,6 @@ void explain_forward_nonfinite(ComparisonReport& out, ComparisonReport& lse,
   explain_nonfinite(lse, outputs.lse, reference.reference.lse, origin, RowKind::lse);
 }
 
-ProblemInputs make_gpu_inputs(const ProblemSpec& spec, const char* check) {
-  return make_inputs(spec, harness_detail::check_device(check));
-}
-
 namespace {
 
 // check_kernel's steps (check_pipeline.h).

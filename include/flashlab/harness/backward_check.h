@@ -53,8 +53,9 @@ AttentionBackwardParams backward_params(const ProblemSpec& spec, const ProblemIn
 
 // Empty when `kernel` can run the spec's forward and backward on a device of
 // this compute capability (0: any), else the reason: its forward's
-// (cannot_run_reason), "<kernel> has no backward pass", or its
-// backward_unsupported_reason. Touches no device.
+// (cannot_run_reason), then the backward's (cannot_run_reason of the backward
+// parameter block: "<kernel> has no backward pass (kernels with one: ...)", its
+// backward_unsupported_reason, the device). Touches no device.
 std::string backward_unsupported_reason(const KernelVariant& kernel, const ProblemSpec& spec,
                                         int compute_capability = 0);
 

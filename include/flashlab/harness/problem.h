@@ -171,9 +171,6 @@ void explain_forward_nonfinite(ComparisonReport& out, ComparisonReport& lse,
                                const ForwardOutputs& outputs, const ForwardReference& reference,
                                const OriginInputs& origin);
 
-// The start of a check on the GPU: throws c10::Error ("<check> needs a GPU: <why>")
-// without a usable device, else the problem's inputs on current_cuda_device().
-ProblemInputs make_gpu_inputs(const ProblemSpec& spec, const char* check);
 
 struct ForwardComparison {
   ComparisonReport out, lse;

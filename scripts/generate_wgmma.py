@@ -8,6 +8,7 @@ WIDTHS; the output is checked in.
 import pathlib
 
 WIDTHS = [64, 80, 96, 128, 176, 192, 256]  # N of m64nNk16: key-tile widths and head dims
+MN_MAJOR_WIDTHS = [64]  # the backward's dQ slab: 64 query rows x 64 head-dim columns a warpgroup
 OUT = pathlib.Path("src/kernels/common/wgmma_sm90_generated.h")
 
 
@@ -19,7 +20,7 @@ def constraint_list(count):
     return ", ".join(f'"+f"(d[{i}])' for i in range(count))
 
 
-def wrapper(n, dtype, ptx_type, a_from_registers):
+def wrapper(n, dtype, ptx_type, a_from_registers, mn_major=False):
     regs = n // 2
     if a_from_registers:
         a_ops = f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}"
@@ -31,10 +32,11 @@ def wrapper(n, dtype, ptx_type, a_from_registers):
         name = "wgmma_rs"
     else:
         a_ops, b_op, scale_op = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        tail = "p, 1, 1, 0, 0"  # both operands K-major
+        # imm-trans-a, imm-trans-b: both K-major, or both MN-major (transposed).
+        tail = "p, 1, 1, 1, 1" if mn_major else "p, 1, 1, 0, 0"
         inputs = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
         signature = "uint64_t desc_a, uint64_t desc_b, int accumulate"
-        name = "wgmma_ss"
+        name = "wgmma_ss_mn_major" if mn_major else "wgmma_ss"
     return f"""template <>
 __device__ __forceinline__ void {name}<{n}, {dtype}>(float (&d)[{regs}], {signature}) {{
   asm volatile(
@@ -54,11 +56,16 @@ def main():
         "// the m16n8 accumulator layout repeated over N/8 column chunks per warp).\n"
         "//   wgmma_ss: A and B from shared memory, both K-major (S = Q K^T).\n"
         "//   wgmma_rs: A from registers (P), B from shared memory MN-major (O += P V).\n"
+        "//   wgmma_ss_mn_major: A and B from shared memory, both MN-major (the backward's\n"
+        "//     dQ = dS K with dS stored transposed, keys as rows).\n"
         "// accumulate = 0 overwrites d. The caller fences, commits and waits.\n"
         "#pragma once\n\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n\n#include <cstdint>\n\n"
         "namespace flashlab::sm90 {\n\n"
         "template <int N, typename Element>\n"
         "__device__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate);\n"
+        "template <int N, typename Element>\n"
+        "__device__ void wgmma_ss_mn_major(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,\n"
+        "                                  int accumulate);\n"
         "template <int N, typename Element>\n"
         "__device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,\n"
         "                         int accumulate);\n\n"
@@ -67,6 +74,8 @@ def main():
         for dtype, ptx_type in (("__half", "f16"), ("__nv_bfloat16", "bf16")):
             parts.append(wrapper(n, dtype, ptx_type, a_from_registers=False))
             parts.append(wrapper(n, dtype, ptx_type, a_from_registers=True))
+            if n in MN_MAJOR_WIDTHS:
+                parts.append(wrapper(n, dtype, ptx_type, a_from_registers=False, mn_major=True))
     parts.append("}  // namespace flashlab::sm90\n")
     OUT.write_text("\n".join(parts))
 

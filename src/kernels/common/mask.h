@@ -48,6 +48,22 @@ struct VisibleKeyMask {
       for (int i = 0; i < kPerTile; ++i)
         if (!keys.contains(first_key + n * 8 + lane_key + i)) score(n, i) = -INFINITY;
   }
+
+  // The transposed fragment (the backward's S^T = K Q^T: a thread owns keys,
+  // its columns are query rows): -inf on key `key`'s elements whose row does
+  // not see it (keys past seqlen_k: every element). Rows run first_row +
+  // n * 8 + lane_row + i as keys do in apply_row.
+  template <int kTiles, int kPerTile = 2, class Score>
+  FLASHLAB_HOST_DEVICE void apply_column(int key, int first_row, int lane_row, Score&& score) const {
+    const KeyRange rows = key < seqlen_k
+                              ? visible_rows_of_keys(key, key, seqlen_q, seqlen_k, window_left, window_right)
+                              : KeyRange{};
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < kPerTile; ++i)
+        if (!rows.contains(first_row + n * 8 + lane_row + i)) score(n, i) = -INFINITY;
+  }
 };
 
 }  // namespace flashlab

@@ -208,15 +208,20 @@ __device__ __forceinline__ void red_add_f32(float* address, float value) {
   asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(value) : "memory");
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// address[0..3] += a, b, c, d in one 16-byte vector reduction (sm_90 and
-// newer); address 16-byte aligned.
+// address[0..3] += a, b, c, d in one 16-byte vector reduction on sm_90 and
+// newer (four scalar ones before); address 16-byte aligned.
 __device__ __forceinline__ void red_add_f32x4(float* address, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(a), "f"(b),
                "f"(c), "f"(d)
                : "memory");
-}
+#else
+  red_add_f32(address, a);
+  red_add_f32(address + 1, b);
+  red_add_f32(address + 2, c);
+  red_add_f32(address + 3, d);
 #endif
+}
 
 // Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel
 // launched after this one on the same stream with

@@ -101,6 +101,12 @@ template <int Pending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
 }
+// Makes this thread's generic-proxy shared-memory writes (st.shared of a
+// wgmma operand) visible to the async proxy that wgmma and TMA read through;
+// a barrier among the writers and the readers must follow.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 // Keeps the compiler from moving accesses of accumulator registers across a
 // wgmma wait (the registers change behind its back until then).
 template <int N>

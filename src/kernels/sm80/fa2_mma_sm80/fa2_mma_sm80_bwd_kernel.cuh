@@ -77,6 +77,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/backward_dq.cuh"
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
@@ -91,59 +92,6 @@ namespace flashlab::fa2_mma_sm80 {
 
 using namespace ::flashlab::sm80;
 
-inline constexpr int kBwdAuxThreads = 128;  // the preprocess kernel (the convert kernel: kConvertThreads)
-
-// Threads that share one row in the preprocess kernel (a power of two <= 16
-// and <= the row's 16-byte chunks).
-template <int HeadDim>
-inline constexpr int kPreprocessThreadsPerRow = HeadDim / 8 >= 16 ? 16 : HeadDim / 8 >= 8 ? 8 : 4;
-
-// ---------------------------------------------------------------------------
-// 1. D = rowsum(dO * O), float32, one group of kPreprocessThreadsPerRow threads a row.
-template <int HeadDim, typename Element>
-__global__ void __launch_bounds__(kBwdAuxThreads)
-    fa2_backward_preprocess_kernel(const AttentionBackwardParams p) {
-  constexpr int kChunks = HeadDim / 8;  // 16-byte chunks a row
-  constexpr int kThreadsPerRow = kPreprocessThreadsPerRow<HeadDim>;
-  constexpr int kRowsPerBlock = kBwdAuxThreads / kThreadsPerRow;
-  static_assert(32 % kThreadsPerRow == 0 && kThreadsPerRow <= kChunks, "row groups inside a warp");
-
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const BackwardSequenceView view = backward_sequence_view(p, batch);
-  if (static_cast<int>(blockIdx.x) * kRowsPerBlock >= view.seqlen_q) return;  // whole block
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
-  const int part = threadIdx.x % kThreadsPerRow;
-
-  float sum = 0.f;
-  if (row < view.seqlen_q) {
-    const Element* o = static_cast<const Element*>(p.out) + view.out_offset +
-                       head * p.out_head_stride + row * p.out_row_stride;
-    const Element* d_o = static_cast<const Element*>(p.dout) + view.dout_offset +
-                         head * p.dout_head_stride + row * p.dout_row_stride;
-#pragma unroll
-    for (int c = part; c < kChunks; c += kThreadsPerRow) {
-      const uint4 a = *reinterpret_cast<const uint4*>(o + c * 8);
-      const uint4 b = *reinterpret_cast<const uint4*>(d_o + c * 8);
-      const uint32_t aw[4] = {a.x, a.y, a.z, a.w};
-      const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const float2 x = unpack2<Element>(aw[w]);
-        const float2 y = unpack2<Element>(bw[w]);
-        sum = fmaf(x.x, y.x, sum);
-        sum = fmaf(x.y, y.y, sum);
-      }
-    }
-  }
-  // Every thread of the block is here (rows past the end with sum 0).
-#pragma unroll
-  for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2)
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (part == 0 && row < view.seqlen_q)
-    p.softmax_d[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row] = sum;
-}
-
 // ---------------------------------------------------------------------------
 // The dq accumulator's fragment order (BackwardWorkspace). A block_m x head_dim
 // block of one head is a run of 128-float groups, one per (warp, dQ column
@@ -157,112 +105,21 @@ template <class Tr>
 __device__ __forceinline__ int dq_fragment_group(int warp, int chunk, int mt, int n) {
   return ((warp * Tr::kDqChunks + chunk) * Tr::kDqMT + mt) * Tr::kDqChunkNT + n;
 }
-// Where lane's value i sits in its group.
-__device__ __forceinline__ int dq_fragment_slot(int lane, int i) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return lane * 4 + i;  // a lane's four values together: one 16-byte reduction
-#else
-  return i * 32 + lane;  // value i of the 32 lanes together: coalesced scalar reductions
-#endif
-}
-// Adds one C fragment (acc[0..3]) of a lane to its group, or with kStore
-// stores it (a deterministic slot's first contribution to the block).
-template <bool kStore = false>
-__device__ __forceinline__ void add_dq_fragment(float* group, int lane, const float (&acc)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kStore)
-    *reinterpret_cast<float4*>(group + dq_fragment_slot(lane, 0)) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  else
-    red_add_f32x4(group + dq_fragment_slot(lane, 0), acc[0], acc[1], acc[2], acc[3]);
-#else
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (kStore)
-      group[dq_fragment_slot(lane, i)] = acc[i];
-    else
-      red_add_f32(group + dq_fragment_slot(lane, i), acc[i]);
-  }
-#endif
-}
-
-// Reads one lane's four values of a group (the convert kernel; streamed: read once).
-__device__ __forceinline__ void load_dq_fragment(const float* group, int lane, float (&value)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const float4 v = __ldcs(reinterpret_cast<const float4*>(group + dq_fragment_slot(lane, 0)));
-  value[0] = v.x, value[1] = v.y, value[2] = v.z, value[3] = v.w;
-#else
-#pragma unroll
-  for (int i = 0; i < 4; ++i) value[i] = __ldcs(group + dq_fragment_slot(lane, i));
-#endif
-}
-
-// ---------------------------------------------------------------------------
-// 3. dq = scale * (sum of the dq_accum slots). One block per (query block, head,
-// batch): every (group, lane) of the block's fragment order read whole (all of
-// a thread's loads in flight together), scaled and packed into a row-major
-// shared tile, which goes out as 16-byte row chunks. (Writing straight from the
-// fragments stored 4 bytes a lane, half a sector a row: 87 us against FA2's 78
-// at head_dim 128, 16k rows x 16 heads, ncu.)
-inline constexpr int kConvertThreads = 256;
-template <class Tr, typename Element>
-__global__ void __launch_bounds__(kConvertThreads)
-    fa2_backward_convert_dq_kernel(const AttentionBackwardParams p, const int slots,
-                                   const int64_t slot_stride, const int* slot_first) {
-  constexpr int kBM = Tr::kBlockM;
-  constexpr int kD = Tr::kHeadDim;
-  constexpr int kTileStride = kD + 8;  // elements; the padding spreads a warp's fragment stores over all banks
-  constexpr int kPasses = kBM * kD / 4 / kConvertThreads;  // (group, lane) pairs a thread
-  static_assert(kBM * kD / 4 % kConvertThreads == 0, "whole passes over a query block");
-  __shared__ __align__(16) Element tile[kBM * kTileStride];
-
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const BackwardSequenceView view = backward_sequence_view(p, batch);
-  if (m_block * kBM >= view.seqlen_q) return;  // whole block
-
-  const float* accum = p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
-                       static_cast<int64_t>(m_block) * kBM * p.dq_accum_row_stride;
-  float sum[kPasses][4] = {};
-  for (int slot = 0; slot < slots; ++slot) {  // fixed order: bitwise reproducible
-    if (slot_first != nullptr && m_block < slot_first[batch * slots + slot]) continue;  // never written
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int pair = pass * kConvertThreads + threadIdx.x;
-      float value[4];
-      load_dq_fragment(accum + slot * slot_stride + pair / 32 * 128, pair % 32, value);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) sum[pass][i] += value[i];
-    }
-  }
-  const float scale = p.softmax_scale;
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int pair = pass * kConvertThreads + threadIdx.x;
-    const int group = pair / 32;
-    const int lane = pair % 32;
+// The fragment order's decode for the convert kernel (backward_dq.cuh): group
+// g of a block is (warp, chunk, m16 tile, n8 tile) as dq_fragment_group numbers it.
+template <class Tr>
+struct DqFragmentOrder {
+  static constexpr int kBlockM = Tr::kBlockM;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  __device__ static FragmentOrigin origin(int group, int lane) {
     const int n = group % Tr::kDqChunkNT;
     const int mt = group / Tr::kDqChunkNT % Tr::kDqMT;
     const int chunk = group / (Tr::kDqChunkNT * Tr::kDqMT) % Tr::kDqChunks;
     const int warp = group / (Tr::kDqChunkNT * Tr::kDqMT * Tr::kDqChunks);
-    const int row = Tr::dq_row0(warp) + mt * 16 + lane / 4;
-    const int col = Tr::dq_col0(warp) + chunk * Tr::kDqChunkCols + n * 8 + (lane % 4) * 2;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<uint32_t*>(&tile[(row + 8 * h) * kTileStride + col]) =
-          pack2<Element>(sum[pass][2 * h] * scale, sum[pass][2 * h + 1] * scale);
+    return {Tr::dq_row0(warp) + mt * 16 + lane / 4,
+            Tr::dq_col0(warp) + chunk * Tr::kDqChunkCols + n * 8 + (lane % 4) * 2};
   }
-  __syncthreads();
-  constexpr int kRowChunks = kD / 8;  // 16-byte chunks a row
-  Element* const dq = static_cast<Element*>(p.dq) + view.dq_offset + head * p.dq_head_stride;
-  const int rows = min(kBM, view.seqlen_q - m_block * kBM);
-  for (int c = threadIdx.x; c < rows * kRowChunks; c += kConvertThreads) {
-    const int row = c / kRowChunks;
-    const int col = c % kRowChunks * 8;
-    *reinterpret_cast<uint4*>(dq + static_cast<int64_t>(m_block * kBM + row) * p.dq_row_stride + col) =
-        *reinterpret_cast<const uint4*>(&tile[row * kTileStride + col]);
-  }
-}
+};
 
 // ---------------------------------------------------------------------------
 // 2. The main kernel. Grid (key blocks, or dq slots in deterministic mode;
@@ -627,7 +484,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   if (has_rows) {
     constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
     const dim3 grid((p.seqlen_q + kRows - 1) / kRows, p.heads, p.batch);
-    fa2_backward_preprocess_kernel<Tr::kHeadDim, Element>
+    backward_preprocess_kernel<Tr::kHeadDim, Element>
         <<<grid, kBwdAuxThreads, 0, stream>>>(p);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (preprocess)", p);
   }
@@ -647,7 +504,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   }
   if (has_rows) {
     const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads, p.batch);
-    fa2_backward_convert_dq_kernel<Tr, Element><<<grid, kConvertThreads, 0, stream>>>(
+    backward_convert_dq_kernel<DqFragmentOrder<Tr>, Element><<<grid, kConvertThreads, 0, stream>>>(
         p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride, slot_first);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (convert dq)", p);
   }

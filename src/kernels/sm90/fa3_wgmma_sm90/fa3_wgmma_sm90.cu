@@ -14,6 +14,7 @@
 #include <string>
 
 #include "flashlab/cuda_check.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"  // backward_workspace
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90_locate.h"
 #include "flashlab/kernel_registry.h"
@@ -45,34 +46,34 @@ EncodeTiled encode_tiled() {
 
 }  // namespace
 
-CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_rows) {
-  const void* base = operand == Operand::q ? p.q : operand == Operand::k ? p.k : p.v;
-  const int64_t row_stride = operand == Operand::q   ? p.q_row_stride
-                             : operand == Operand::k ? p.k_row_stride
-                                                     : p.v_row_stride;
-  const int64_t head_stride = operand == Operand::q   ? p.q_head_stride
-                              : operand == Operand::k ? p.k_head_stride
-                                                      : p.v_head_stride;
-  const int64_t batch_stride = operand == Operand::q   ? p.q_batch_stride
-                               : operand == Operand::k ? p.k_batch_stride
-                                                       : p.v_batch_stride;
-  const int heads = operand == Operand::q ? p.heads : p.kv_heads;
+TensorOperand tensor_operand(const AttentionParams& p, Operand operand) {
+  switch (operand) {
+    case Operand::q:
+      return {p.q, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p.heads, true, "q"};
+    case Operand::k:
+      return {p.k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p.kv_heads, false, "k"};
+    case Operand::v:
+      break;
+  }
+  return {p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p.kv_heads, false, "v"};
+}
+
+CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& operand, int box_rows) {
   // Variable-length batches are one packed sequence of rows (batch extent 1):
   // the kernel adds cu_seqlens[b] to the row coordinate.
   const bool varlen = p.is_varlen();
-  const int64_t rows = varlen ? (operand == Operand::q ? p.total_rows_q : p.total_rows_k)
-                              : (operand == Operand::q ? p.seqlen_q : p.seqlen_k);
+  const int64_t rows = varlen ? (operand.query_rows ? p.total_rows_q : p.total_rows_k)
+                              : (operand.query_rows ? p.seqlen_q : p.seqlen_k);
   const cuuint64_t extent[4] = {static_cast<cuuint64_t>(p.head_dim),
                                 static_cast<cuuint64_t>(rows > 0 ? rows : 1),
-                                static_cast<cuuint64_t>(heads),
+                                static_cast<cuuint64_t>(operand.heads),
                                 static_cast<cuuint64_t>(varlen ? 1 : p.batch)};
   // Byte strides of dimensions 1..3; TMA wants multiples of 16 (checked by
   // unsupported_reason). A batch of one may have any batch stride.
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(row_stride * 2),
-                                 static_cast<cuuint64_t>(head_stride * 2),
-                                 static_cast<cuuint64_t>((varlen || p.batch == 1 ? head_stride * heads
-                                                                                 : batch_stride) *
-                                                         2)};
+  const cuuint64_t strides[3] = {
+      static_cast<cuuint64_t>(operand.row_stride * 2), static_cast<cuuint64_t>(operand.head_stride * 2),
+      static_cast<cuuint64_t>(
+          (varlen || p.batch == 1 ? operand.head_stride * operand.heads : operand.batch_stride) * 2)};
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
@@ -80,15 +81,14 @@ CUtensorMap make_tensor_map(const AttentionParams& p, Operand operand, int box_r
       &map,
       p.dtype == DataType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                     : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      4, const_cast<void*>(base), extent, strides, box, element_strides,
+      4, const_cast<void*>(operand.base), extent, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS)
     throw_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
                      "driver error " + std::to_string(static_cast<int>(status)) +
-                         " encoding the tensor map of " +
-                         (operand == Operand::q ? "q" : operand == Operand::k ? "k" : "v") +
-                         " for " + describe_problem(p));
+                         " encoding the tensor map of " + operand.name + " for " +
+                         describe_problem(p));
   return map;
 }
 
@@ -152,10 +152,57 @@ std::string unsupported_reason(const AttentionParams& params) {
   return {};
 }
 
+std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
+  if (!BackwardHeadDims::contains(params.head_dim) && HeadDims::contains(params.head_dim))
+    return "fa3_wgmma_sm90's backward supports head_dim " + BackwardHeadDims::text() + "; got " +
+           std::to_string(params.head_dim) + " (fa2_mma_sm80 has a backward for it)";
+  std::string reason = unsupported_reason(params);
+  if (!reason.empty()) return reason;
+  if (params.trace.enabled())
+    return "fa3_wgmma_sm90's backward records no tile states (tile traces are forward only)";
+  const auto aligned_pointer = [](const void* pointer) {
+    return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
+  };
+  if (!aligned_pointer(params.dout) || !aligned_pointer(params.dq) || !aligned_pointer(params.dk) ||
+      !aligned_pointer(params.dv))
+    return "fa3_wgmma_sm90's backward needs dout, dq, dk and dv to start on 16-byte boundaries (TMA)";
+  const bool batched = !params.is_varlen() && params.batch > 1;
+  const int64_t strides[] = {batched ? params.dout_batch_stride : 0, params.dout_row_stride, params.dout_head_stride,
+                             batched ? params.dq_batch_stride : 0,   params.dq_row_stride,   params.dq_head_stride,
+                             batched ? params.dk_batch_stride : 0,   params.dk_row_stride,   params.dk_head_stride,
+                             batched ? params.dv_batch_stride : 0,   params.dv_row_stride,   params.dv_head_stride};
+  for (int64_t stride : strides)
+    if (stride % 8 != 0)
+      return "fa3_wgmma_sm90's backward needs dout, dq, dk and dv batch, row and head strides that are "
+             "multiples of 8 elements; got a stride of " + std::to_string(stride);
+  return {};
+}
+
+TileShape backward_tile_shape(const AttentionBackwardParams& params) {
+  TileShape shape;
+  FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim, [&] {
+    shape = {kHeadDim <= 64 ? 128 : 64, 128};  // DefaultBwdTraits (fa3_wgmma_sm90_bwd_kernel.cuh)
+  });
+  return shape;
+}
+
+size_t backward_workspace_bytes(const AttentionBackwardParams& params) {
+  const TileShape tiles = backward_tile_shape(params);
+  return tiles.block_k == 0 ? 0
+                            : fa2_mma_sm80::backward_workspace(params, tiles.block_q, tiles.block_k).total_bytes;
+}
+
 }  // namespace fa3_wgmma_sm90
 
 namespace {
 
+void backward_launch(const AttentionBackwardParams& params) {
+  // backward_unsupported_reason rejects other head dims before a launch.
+  FLASHLAB_HEAD_DIM_SWITCH(fa3_wgmma_sm90::BackwardHeadDims, params.head_dim, kHeadDim,
+                           [&] { fa3_wgmma_sm90::launch_backward_at<kHeadDim>(params); });
+}
+
+using fa3_wgmma_sm90::BackwardHeadDims;
 using fa3_wgmma_sm90::DefaultTraits;
 using fa3_wgmma_sm90::HeadDims;
 
@@ -182,7 +229,8 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.summary =
       "FlashAttention-3 style forward for Hopper (TMA, wgmma, producer/consumer warpgroups, "
       "persistent grid), fp16/bf16, head_dim " + HeadDims::text("/") +
-      ", causal/window, GQA, varlen; sm_90a only";
+      ", causal/window, GQA, varlen; backward (FA3-style, head_dim " + BackwardHeadDims::text("/") +
+      ", deterministic mode); sm_90a only";
   variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = true;
   variant.key_tiles_descending = true;
@@ -192,6 +240,10 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.launch = launch;
   variant.workspace_bytes = fa3_wgmma_sm90::workspace_bytes;
   variant.locate = fa3_wgmma_sm90::locate;
+  variant.backward_unsupported_reason = fa3_wgmma_sm90::backward_unsupported_reason;
+  variant.backward_workspace_bytes = fa3_wgmma_sm90::backward_workspace_bytes;
+  variant.backward_launch = backward_launch;
+  variant.backward_tile_shape = fa3_wgmma_sm90::backward_tile_shape;
   return variant;
 }
 

@@ -19,10 +19,14 @@
 #include "common/static_switch.h"
 #include "common/tile_scheduler.h"
 #include "flashlab/kernel_params.h"
+#include "flashlab/kernel_registry.h"  // TileShape
 
 namespace flashlab::fa3_wgmma_sm90 {
 
 using HeadDims = HeadDimList<64, 128, 256>;
+// The head dims the backward has code for (fa3_wgmma_sm90_bwd_kernel.cuh);
+// the generated backward file of another forward head dim instantiates nothing.
+using BackwardHeadDims = HeadDimList<64, 128>;
 
 template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2>
 struct Traits {
@@ -97,10 +101,23 @@ std::string unsupported_reason(const AttentionParams& params);
 // The workspace a launch needs: the dynamic schedule's tile counter. Host only.
 size_t workspace_bytes(const AttentionParams& params);
 
-// A 4-D tensor map (head_dim, rows, heads, batch) over q, k or v with a box of
-// 64 elements x box_rows rows, 128-byte swizzle. Defined in fa3_wgmma_sm90.cu.
+// A 4-D tensor map (head_dim, rows, heads, batch) over a (batch, rows, heads,
+// head_dim) tensor of params' dtype with a box of 64 elements x box_rows rows,
+// 128-byte swizzle; varlen: the packed rows (total_rows_q or _k), batch extent
+// 1. Defined in fa3_wgmma_sm90.cu.
+struct TensorOperand {
+  const void* base = nullptr;
+  int64_t row_stride = 0, head_stride = 0, batch_stride = 0;
+  int heads = 0;
+  bool query_rows = true;  // rows are seqlen_q (q, out, dout) or seqlen_k (k, v)
+  const char* name = "";
+};
 enum class Operand { q, k, v };
-CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows);
+TensorOperand tensor_operand(const AttentionParams& params, Operand operand);
+CUtensorMap make_tensor_map(const AttentionParams& params, const TensorOperand& operand, int box_rows);
+inline CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows) {
+  return make_tensor_map(params, tensor_operand(params, operand), box_rows);
+}
 // Per device, asked once: the launch path stays short because the benchmark's
 // events time it too.
 struct DeviceLimits {
@@ -122,5 +139,16 @@ using ::flashlab::WorkTile;
 // and explicitly instantiated per head dim (the generated files).
 template <class Tr>
 void launch(const AttentionParams& params);
+
+// The backward (fa3_wgmma_sm90_bwd_kernel.cuh): its support check, its
+// workspace (fa2_mma_sm80's BackwardWorkspace at its tiles), its tiles and the
+// launch of the preprocess, main and convert kernels for head dim HeadDim
+// (instantiated per entry of HeadDims in the generated
+// fa3_wgmma_sm90_bwd_hdim<D>.cu; empty for head dims not in BackwardHeadDims).
+std::string backward_unsupported_reason(const AttentionBackwardParams& params);
+size_t backward_workspace_bytes(const AttentionBackwardParams& params);
+TileShape backward_tile_shape(const AttentionBackwardParams& params);
+template <int HeadDim>
+void launch_backward_at(const AttentionBackwardParams& params);
 
 }  // namespace flashlab::fa3_wgmma_sm90

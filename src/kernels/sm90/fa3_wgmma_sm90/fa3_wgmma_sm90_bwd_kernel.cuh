@@ -1,0 +1,556 @@
+// fa3_wgmma_sm90 backward kernel template: a FlashAttention-3 style backward
+// for Hopper (sm_90a only): TMA loads, wgmma, warp specialization. Three
+// kernels on one stream, the first and last shared with fa2_mma_sm80
+// (common/backward_dq.cuh):
+//
+// 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32.
+// 2. main (this file): one CTA per (key block of 128 keys, kv head, batch)
+//    (deterministic mode: per (dq slot, kv head, batch), walking the key
+//    blocks of its slot in rounds, backward_key_block). Three warpgroups.
+//    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
+//    first warp loads, per round, K and V once (TMA, one transaction barrier),
+//    then for each query head of the kv head's group and each query block
+//    that sees the keys (visible_rows_of_keys) the Q tile with the rows' LSE
+//    in base 2 and the dO tile with the rows' D, through two-stage rings
+//    (Q + LSE on one barrier, dO + D on another: the TMA bytes plus one
+//    arrival per producer lane, which writes its rows' statistics first).
+//    Warpgroups 1 and 2 are consumers (240 registers), each owning 64 of the
+//    block's keys, and compute transposed scores so that P and dS land in
+//    registers as the A operands of dV and dK:
+//      S^T  = K Q^T,  dP^T = V dO^T                 (wgmma SS, K-major, N = BlockM queries)
+//      P^T  = exp2(S^T * scale * log2e - LSE_log2)  (mask as a column policy, VisibleKeyMask)
+//      dS^T = P^T * (dP^T - D)
+//      dV  += P^T dO,  dK += dS^T Q                 (wgmma RS, dO / Q MN-major)
+//      dQ   = dS K                                  (wgmma SS, both MN-major: dS^T is stored
+//                                                    to shared memory keys-as-rows)
+//    Each consumer takes a 64 x 64 slab of dQ (head_dim 128: 64 query rows x
+//    half the columns; head_dim 64: half the 128 query rows x all columns) and
+//    adds it to the float32 accumulator with red.global.add.v4.f32 from
+//    registers, in wgmma fragment order (SlabDqOrder). dS has two shared
+//    buffers, so one named barrier a step orders both consumers' dS stores
+//    before either reads the other's. dK * scale and dV go out from registers.
+// 3. convert: dq = scale * accumulator in the input dtype.
+//
+// Tiling (BwdTraits): 128 keys per CTA; query blocks of 64 rows at head_dim
+// 128 and 128 rows at 64 (FA3's sm90 tiles); Q/dO rings of 2 stages; shared
+// memory K + V + 2 x (Q + dO) + 2 x dS = 160 KB at both head dims.
+//
+// Limits: fp16 / bf16, head_dim 64 and 128 (BackwardHeadDims; others run at
+// a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
+// sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
+// elements (TMA). Deterministic mode uses fa2_mma_sm80's slot scheme (each CTA
+// adds to its own slot in program order; the convert kernel sums the slots in
+// order). The dQ writer warp with bulk reduce-adds, the persistent schedule
+// and a TMA-store epilogue are not built.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/backward_dq.cuh"
+#include "common/mask.h"
+#include "common/online_softmax.h"
+#include "common/ptx_sm80.h"  // fast_exp2, pack2, red_add_f32x4
+#include "common/ptx_sm90.h"
+#include "common/sequence_view.h"
+#include "common/visible_keys.h"
+#include "common/wgmma_sm90_generated.h"
+#include "flashlab/cuda_check.h"
+#include "flashlab/kernel_params.h"
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"  // BackwardWorkspace, backward_key_block
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
+
+namespace flashlab::fa3_wgmma_sm90 {
+
+template <int HeadDim, int BlockM, int Stages = 2>
+struct BwdTraits {
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kBlockM = BlockM;  // query rows a step
+  static constexpr int kBlockN = 128;     // keys a CTA: 64 a consumer warpgroup
+  static constexpr int kStages = Stages;  // Q and dO rings
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
+  static constexpr int kQTileBytes = BlockM * HeadDim * 2;
+  static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
+  static constexpr int kDsTileBytes = kBlockN * BlockM * 2;  // dS^T: keys as rows
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters =
+      (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * kConsumers) / 8 * 8;
+  // Each consumer's dQ slab is 64 rows x 64 columns: split along the head dim
+  // when the block has 64 rows, along the rows when it has 128.
+  static constexpr bool kDqSplitsColumns = BlockM == 64;
+  static constexpr int kDqSlabFloats = 64 * 64;
+  // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
+  // of the rows, then the barriers; +1024 to align the base for the swizzle.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + Stages * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + Stages * kQTileBytes;
+  static constexpr int kLseOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr int kDOffset = kLseOffset + Stages * BlockM * 4;
+  static constexpr int kBarrierOffset = kDOffset + Stages * BlockM * 4;
+  static constexpr int kBarriers = 2 + 4 * Stages;  // kv full/empty; q, do full/empty a stage
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
+  static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");
+  static_assert(kConsumerRegisters == 240, "two consumers at 240 registers");
+  static_assert(64 * 64 * kConsumers == BlockM * HeadDim, "two 64 x 64 dQ slabs tile the block");
+};
+
+// FA3's sm90 tiles: 128 x 128 at head_dim 64, 64 x 128 at 128.
+template <int HeadDim>
+struct DefaultBwdTraits {
+  using type = BwdTraits<HeadDim, (HeadDim <= 64 ? 128 : 64)>;
+};
+
+// The accumulator's fragment order (backward_dq.cuh): block = 2 slabs of
+// 64 x 64, slab w = consumer w's dQ; group g of a slab = (n8 column tile
+// g / 4, warp g % 4): the 32 registers of a wgmma m64n64 accumulator, four at
+// a time, each warp's four values of one column tile together (512 bytes).
+template <class Tr>
+struct SlabDqOrder {
+  static constexpr int kBlockM = Tr::kBlockM;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  __device__ static FragmentOrigin origin(int group, int lane) {
+    const int slab = group / 32, n = group / 4 % 8, warp = group % 4;
+    const int row0 = Tr::kDqSplitsColumns ? 0 : slab * 64;
+    const int col0 = Tr::kDqSplitsColumns ? slab * 64 : 0;
+    return {row0 + warp * 16 + lane / 4, col0 + n * 8 + (lane % 4) * 2};
+  }
+};
+
+struct BwdKernelArguments {
+  CUtensorMap q_map, k_map, v_map, do_map;
+  AttentionBackwardParams params;
+  int64_t dq_accum_slot_stride = 0;
+};
+
+// The query blocks a key block's CTA walks, and how many steps (blocks x the
+// group's heads): the producer and the consumers compute the same.
+struct QueryWalk {
+  int m_begin = 0, m_count = 0, steps = 0;
+};
+template <class Tr>
+__device__ __forceinline__ QueryWalk query_walk(const AttentionBackwardParams& p,
+                                                const SequenceView& view, int n0) {
+  QueryWalk walk;
+  const int keys_here = min(Tr::kBlockN, view.seqlen_k - n0);
+  const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, view.seqlen_q, view.seqlen_k,
+                                             p.window_left, p.window_right);
+  if (rows.empty()) return walk;
+  walk.m_begin = rows.first / Tr::kBlockM;
+  walk.m_count = rows.last / Tr::kBlockM + 1 - walk.m_begin;
+  walk.steps = walk.m_count * (p.heads / p.kv_heads);
+  return walk;
+}
+
+using sm80::fast_exp2;
+using sm80::pack2;
+
+// ---------------------------------------------------------------------------
+// The producer warp: K, V per round; Q + LSE_log2 and dO + D per step.
+template <class Tr, typename Element>
+__device__ __forceinline__ void backward_producer(const BwdKernelArguments& args,
+                                                 unsigned char* smem, uint64_t* barriers) {
+  constexpr int kBM = Tr::kBlockM;
+  const AttentionBackwardParams& p = args.params;
+  uint64_t* kv_full = barriers;
+  uint64_t* kv_empty = kv_full + 1;
+  uint64_t* q_full = kv_empty + 1;
+  uint64_t* q_empty = q_full + Tr::kStages;
+  uint64_t* do_full = q_empty + Tr::kStages;
+  uint64_t* do_empty = do_full + Tr::kStages;
+  float* lse_smem = reinterpret_cast<float*>(smem + Tr::kLseOffset);
+  float* d_smem = reinterpret_cast<float*>(smem + Tr::kDOffset);
+  const int lane = threadIdx.x % 32;
+  const bool leader = lane == 0;
+  if (leader) {
+    sm90::tma_prefetch_descriptor(&args.q_map);
+    sm90::tma_prefetch_descriptor(&args.k_map);
+    sm90::tma_prefetch_descriptor(&args.v_map);
+    sm90::tma_prefetch_descriptor(&args.do_map);
+  }
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  const int batch_coordinate = p.is_varlen() ? 0 : batch;
+  const int n_key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  uint32_t iteration = 0, kv_round = 0;
+  for (int round = 0;; ++round) {
+    const int n_block = fa2_mma_sm80::backward_key_block(round, blockIdx.x, gridDim.x);
+    if (n_block >= n_key_blocks) break;
+    const int n0 = n_block * Tr::kBlockN;
+    const QueryWalk walk = query_walk<Tr>(p, view, n0);
+    if (walk.steps == 0) continue;
+    sm90::mbarrier_wait(kv_empty, (kv_round & 1) ^ 1);
+    ++kv_round;
+    if (leader) {
+      sm90::mbarrier_arrive_expect_tx(kv_full, 2 * Tr::kKVTileBytes);
+#pragma unroll 1
+      for (int panel = 0; panel < Tr::kPanels; ++panel) {
+        sm90::tma_load_4d(smem + Tr::kKOffset + panel * Tr::kBlockN * 128, &args.k_map, kv_full,
+                          panel * 64, view.k_row0 + n0, kv_head, batch_coordinate);
+        sm90::tma_load_4d(smem + Tr::kVOffset + panel * Tr::kBlockN * 128, &args.v_map, kv_full,
+                          panel * 64, view.k_row0 + n0, kv_head, batch_coordinate);
+      }
+    }
+#pragma unroll 1
+    for (int step = 0; step < walk.steps; ++step, ++iteration) {
+      const int head = kv_head * group + step / walk.m_count;
+      const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
+      const int stage = iteration % Tr::kStages;
+      const uint32_t phase = (iteration / Tr::kStages) & 1;
+      const int64_t stats = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
+      // Q and the rows' LSE in base 2: +inf past seqlen_q and for rows that
+      // saw no key (P = 0 there, never NaN).
+      sm90::mbarrier_wait(&q_empty[stage], phase ^ 1);
+#pragma unroll 1
+      for (int r = lane; r < kBM; r += 32) {
+        const int row = m0 + r;
+        const float lse = row < view.seqlen_q ? p.lse[stats + row] : -INFINITY;
+        lse_smem[stage * kBM + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      }
+      if (leader) {
+        sm90::mbarrier_arrive_expect_tx(&q_full[stage], Tr::kQTileBytes);
+#pragma unroll 1
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128,
+                            &args.q_map, &q_full[stage], panel * 64, view.q_row0 + m0, head,
+                            batch_coordinate);
+      } else {
+        sm90::mbarrier_arrive(&q_full[stage]);
+      }
+      // dO and the rows' D (0 past seqlen_q).
+      sm90::mbarrier_wait(&do_empty[stage], phase ^ 1);
+#pragma unroll 1
+      for (int r = lane; r < kBM; r += 32) {
+        const int row = m0 + r;
+        d_smem[stage * kBM + r] = row < view.seqlen_q ? p.softmax_d[stats + row] : 0.f;
+      }
+      if (leader) {
+        sm90::mbarrier_arrive_expect_tx(&do_full[stage], Tr::kQTileBytes);
+#pragma unroll 1
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_load_4d(smem + Tr::kDoOffset + stage * Tr::kQTileBytes + panel * kBM * 128,
+                            &args.do_map, &do_full[stage], panel * 64, view.q_row0 + m0, head,
+                            batch_coordinate);
+      } else {
+        sm90::mbarrier_arrive(&do_full[stage]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// A consumer warpgroup: its 64 keys of the block against every query block of the walk.
+template <class Tr, typename Element>
+__device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args,
+                                                 unsigned char* smem, uint64_t* barriers) {
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kBM = Tr::kBlockM;
+  constexpr int kBN = Tr::kBlockN;
+  const AttentionBackwardParams& p = args.params;
+  uint64_t* kv_full = barriers;
+  uint64_t* kv_empty = kv_full + 1;
+  uint64_t* q_full = kv_empty + 1;
+  uint64_t* q_empty = q_full + Tr::kStages;
+  uint64_t* do_full = q_empty + Tr::kStages;
+  uint64_t* do_empty = do_full + Tr::kStages;
+  const float* lse_smem = reinterpret_cast<const float*>(smem + Tr::kLseOffset);
+  const float* d_smem = reinterpret_cast<const float*>(smem + Tr::kDOffset);
+  const uint32_t base = sm90::smem_address(smem);
+  const uint32_t k_address = base + Tr::kKOffset, v_address = base + Tr::kVOffset;
+
+  const int consumer = threadIdx.x / 128 - 1;  // which 64 keys of the block
+  const int thread = threadIdx.x % 128;
+  const int warp = thread / 32, lane = thread % 32;
+  const int quad_row = lane / 4, quad_col = lane % 4;
+  const int key_row0 = consumer * 64 + warp * 16 + quad_row;  // this thread's first key in the block
+
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int n_key_blocks = (view.seqlen_k + kBN - 1) / kBN;
+  float* const dq_accum_slot = p.dq_accum + (p.deterministic ? blockIdx.x * args.dq_accum_slot_stride : 0) +
+                               view.dq_accum_offset;
+  // This consumer's dQ slab: A = dS rows (query panel), B = K columns (head-dim panel).
+  const int dq_query_panel = Tr::kDqSplitsColumns ? 0 : consumer;
+  const int dq_column_panel = Tr::kDqSplitsColumns ? consumer : 0;
+
+  float acc_s[kBM / 2], acc_dp[kBM / 2];
+  uint32_t p_frag[kBM / 16][4], ds_frag[kBM / 16][4];
+  float acc_dq[32];
+  float acc_dk[kD / 2], acc_dv[kD / 2];
+
+  // S^T = K Q^T (or dP^T = V dO^T): 64 keys of this consumer x kBM queries.
+  const auto issue_scores = [&](float (&acc)[kBM / 2], uint32_t keys, uint32_t queries) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const uint32_t column_bytes = (ks % 4) * 32;
+      const uint64_t desc_keys = sm90::make_smem_descriptor_sw128(
+          keys + (ks / 4) * kBN * 128 + consumer * 64 * 128 + column_bytes, 16, 1024);
+      const uint64_t desc_queries = sm90::make_smem_descriptor_sw128(
+          queries + (ks / 4) * kBM * 128 + column_bytes, 16, 1024);
+      sm90::wgmma_ss<kBM, Element>(acc, desc_keys, desc_queries, ks > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  // acc += frag^T-as-A x tile (dV += P^T dO, dK += dS^T Q): tile MN-major.
+  const auto issue_key_gradient = [&](float (&acc)[kD / 2], const uint32_t (&frag)[kBM / 16][4],
+                                      uint32_t tile) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      const uint64_t desc = sm90::make_smem_descriptor_sw128(tile + kk * 16 * 128, kBM * 128, 1024);
+      sm90::wgmma_rs<kD, Element>(acc, frag[kk], desc, 1);
+    }
+    sm90::wgmma_commit();
+  };
+  // dQ slab = dS K: A = dS^T buffer (keys as rows, MN-major), B = K (MN-major).
+  const auto issue_dq = [&](uint32_t ds_tile) {
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint64_t desc_ds = sm90::make_smem_descriptor_sw128(
+          ds_tile + dq_query_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
+      const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
+          k_address + dq_column_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
+      sm90::wgmma_ss_mn_major<64, Element>(acc_dq, desc_ds, desc_k, kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  // dS^T into a buffer: row = key, 64-query panels of 128-byte swizzled rows.
+  const auto store_ds = [&](unsigned char* ds_tile) {
+#pragma unroll
+    for (int n = 0; n < kBM / 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = key_row0 + h * 8;
+        const int query = n * 8 + quad_col * 2;
+        const int chunk = (query % 64) / 8 ^ (key % 8);
+        *reinterpret_cast<uint32_t*>(ds_tile + (query / 64) * kBN * 128 + key * 128 + chunk * 16 +
+                                     (query % 8) * 2) = ds_frag[n / 2][(n % 2) * 2 + h];
+      }
+  };
+  const auto release = [&](uint64_t* barrier) {
+    if (lane == 0) sm90::mbarrier_arrive(barrier);
+  };
+
+  uint32_t iteration = 0, kv_round = 0;
+  for (int round = 0;; ++round) {
+    const int n_block = fa2_mma_sm80::backward_key_block(round, blockIdx.x, gridDim.x);
+    if (n_block >= n_key_blocks) break;
+    const int n0 = n_block * kBN;
+    const QueryWalk walk = query_walk<Tr>(p, view, n0);
+#pragma unroll
+    for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    if (walk.steps > 0) {
+      sm90::mbarrier_wait(kv_full, kv_round & 1);
+      ++kv_round;
+    }
+#pragma unroll 1
+    for (int step = 0; step < walk.steps; ++step, ++iteration) {
+      const int head = kv_head * group + step / walk.m_count;
+      const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
+      const int stage = iteration % Tr::kStages;
+      const uint32_t phase = (iteration / Tr::kStages) & 1;
+      const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
+      const uint32_t do_tile = base + Tr::kDoOffset + stage * Tr::kQTileBytes;
+      const int ds_buffer = iteration % 2;
+
+      sm90::mbarrier_wait(&q_full[stage], phase);
+      issue_scores(acc_s, k_address, q_tile);
+      sm90::mbarrier_wait(&do_full[stage], phase);
+      issue_scores(acc_dp, v_address, do_tile);
+
+      sm90::wgmma_wait<1>();
+      sm90::fence_registers(acc_s);
+      if (n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          mask.apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
+                                     [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+      }
+      const float* lse_rows = lse_smem + stage * kBM;
+      const float* d_rows = d_smem + stage * kBM;
+#pragma unroll
+      for (int n = 0; n < kBM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float lse_log2 = lse_rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& s = acc_s[n * 4 + h * 2 + e];
+            s = fast_exp2(fmaf(s, scale_log2, -lse_log2));
+          }
+        }
+      sm90::wgmma_wait<0>();
+      sm90::fence_registers(acc_dp);
+#pragma unroll
+      for (int n = 0; n < kBM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float row_d = d_rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc_dp[n * 4 + h * 2 + e] = acc_s[n * 4 + h * 2 + e] *
+                                                                  (acc_dp[n * 4 + h * 2 + e] - row_d);
+        }
+      // P and dS as A fragments: k16 step kk takes query columns 16kk..16kk+15.
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          p_frag[kk][r] = pack2<Element>(acc_s[kk * 8 + r * 2], acc_s[kk * 8 + r * 2 + 1]);
+          ds_frag[kk][r] = pack2<Element>(acc_dp[kk * 8 + r * 2], acc_dp[kk * 8 + r * 2 + 1]);
+        }
+      unsigned char* ds_tile = smem + Tr::kDsOffset + ds_buffer * Tr::kDsTileBytes;
+      store_ds(ds_tile);
+      sm90::fence_proxy_async_shared();
+      issue_key_gradient(acc_dv, p_frag, do_tile);
+      sm90::named_barrier_sync(1, 128 * Tr::kConsumers);  // both consumers' dS are stored
+      issue_dq(sm90::smem_address(ds_tile));
+      issue_key_gradient(acc_dk, ds_frag, q_tile);
+      sm90::wgmma_wait<1>();  // dV and dQ done
+      sm90::fence_registers(acc_dq);
+      sm90::fence_registers(acc_dv);
+      release(&do_empty[stage]);
+      float* slab = dq_accum_slot + head * p.dq_accum_head_stride +
+                    static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+        sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
+                            acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+      sm90::wgmma_wait<0>();  // dK done
+      sm90::fence_registers(acc_dk);
+      release(&q_empty[stage]);
+    }
+    if (walk.steps > 0) release(kv_empty);
+
+    // Epilogue: dK * scale and dV of this consumer's keys (zeros for a key
+    // block no query row sees), 4-byte stores of the rows < seqlen_k.
+    Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
+    Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + key_row0 + h * 8;
+      if (key < view.seqlen_k) {
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          const int col = n * 8 + quad_col * 2;
+          *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+              pack2<Element>(acc_dk[n * 4 + h * 2] * p.softmax_scale,
+                             acc_dk[n * 4 + h * 2 + 1] * p.softmax_scale);
+          *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+              pack2<Element>(acc_dv[n * 4 + h * 2], acc_dv[n * 4 + h * 2 + 1]);
+        }
+      }
+    }
+  }
+}
+
+template <class Tr, typename Element>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    fa3_backward_kernel(const __grid_constant__ BwdKernelArguments args) {
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
+  if (threadIdx.x == 0) {
+    constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
+    sm90::mbarrier_init(&barriers[0], 1);               // kv_full: the TMA bytes
+    sm90::mbarrier_init(&barriers[1], kConsumerWarps);  // kv_empty
+    for (int s = 0; s < Tr::kStages; ++s) {
+      sm90::mbarrier_init(&barriers[2 + s], 32);                          // q_full: producer lanes
+      sm90::mbarrier_init(&barriers[2 + Tr::kStages + s], kConsumerWarps);  // q_empty
+      sm90::mbarrier_init(&barriers[2 + 2 * Tr::kStages + s], 32);          // do_full
+      sm90::mbarrier_init(&barriers[2 + 3 * Tr::kStages + s], kConsumerWarps);  // do_empty
+    }
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
+    if (threadIdx.x < 32) backward_producer<Tr, Element>(args, smem, barriers);
+    return;
+  }
+  sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
+  backward_consumer<Tr, Element>(args, smem, barriers);
+}
+
+// ---------------------------------------------------------------------------
+// Host: the workspace (BackwardWorkspace at this tiling), then preprocess,
+// main and convert kernels on params.stream.
+template <class Tr, typename Element>
+void launch_backward_typed(const AttentionBackwardParams& params) {
+  AttentionBackwardParams p = params;
+  const fa2_mma_sm80::BackwardWorkspace workspace =
+      fa2_mma_sm80::backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
+  if (workspace.total_bytes > 0 &&
+      (p.workspace == nullptr || p.workspace_bytes < workspace.total_bytes))
+    throw_cuda_error(cudaErrorInvalidValue, "fa3_wgmma_sm90 backward workspace", __FILE__, __LINE__,
+                     "the backward needs " + std::to_string(workspace.total_bytes) +
+                         " bytes of workspace (backward_workspace_bytes); got " +
+                         std::to_string(p.workspace_bytes));
+  unsigned char* const base = static_cast<unsigned char*>(p.workspace);
+  p.softmax_d = reinterpret_cast<float*>(base + workspace.softmax_d_offset);
+  p.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
+  p.dq_accum_batch_stride = workspace.dq_accum_batch_stride;
+  p.dq_accum_row_stride = workspace.dq_accum_row_stride;
+  p.dq_accum_head_stride = workspace.dq_accum_head_stride;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  if (p.batch <= 0 || p.heads <= 0) return;
+  const bool has_rows = p.seqlen_q > 0;
+  // Every slot from zero (this kernel does not store first touches).
+  if (workspace.dq_accum_bytes > 0)
+    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.dq_accum_bytes, stream));
+  if (has_rows) {
+    constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
+    const dim3 grid((p.seqlen_q + kRows - 1) / kRows, p.heads, p.batch);
+    backward_preprocess_kernel<Tr::kHeadDim, Element><<<grid, kBwdAuxThreads, 0, stream>>>(p);
+    FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward (preprocess)", p);
+  }
+  if (p.seqlen_k > 0) {
+    BwdKernelArguments args;
+    args.params = p;
+    args.dq_accum_slot_stride = workspace.dq_accum_slot_stride;
+    args.q_map = make_tensor_map(p, tensor_operand(p, Operand::q), Tr::kBlockM);
+    args.k_map = make_tensor_map(p, tensor_operand(p, Operand::k), Tr::kBlockN);
+    args.v_map = make_tensor_map(p, tensor_operand(p, Operand::v), Tr::kBlockN);
+    args.do_map = make_tensor_map(
+        p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
+        Tr::kBlockM);
+    auto kernel = fa3_backward_kernel<Tr, Element>;
+    allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
+    const int key_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+    const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
+    FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward", p);
+  }
+  if (has_rows) {
+    const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads, p.batch);
+    backward_convert_dq_kernel<SlabDqOrder<Tr>, Element><<<grid, kConvertThreads, 0, stream>>>(
+        p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride, nullptr);
+    FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward (convert dq)", p);
+  }
+}
+
+template <int HeadDim>
+void launch_backward_at(const AttentionBackwardParams& params) {
+  if constexpr (BackwardHeadDims::contains(HeadDim)) {
+    using Tr = typename DefaultBwdTraits<HeadDim>::type;
+    FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] { launch_backward_typed<Tr, Element>(params); });
+  }
+}
+
+}  // namespace flashlab::fa3_wgmma_sm90

@@ -79,7 +79,7 @@ TEST(HeadDimPadding, AutoPrefersAPaddedTensorCoreKernelOverFa1Scalar) {
     int head_dim;
     const char* on_90;  // forward kernel on compute capability 9.0
     int dim_90;
-    int dim_80;  // fa2_mma_sm80 on 8.0, and the backward on both
+    int dim_80;  // fa2_mma_sm80 on 8.0 (and the backward where fa3_wgmma_sm90's has no head dim)
   };
   const Expected table[] = {
       {40, "fa3_wgmma_sm90", 64, 64},    {59, "fa3_wgmma_sm90", 64, 64},
@@ -96,11 +96,14 @@ TEST(HeadDimPadding, AutoPrefersAPaddedTensorCoreKernelOverFa1Scalar) {
       const KernelVariant& on_80 = select_kernel(problem.forward(80), "auto", HeadDimPadding::allowed);
       EXPECT_EQ(on_80.name, "fa2_mma_sm80");
       EXPECT_EQ(padded_head_dim(on_80, row.head_dim), row.dim_80);
+      // The backward: fa3_wgmma_sm90's up to its largest backward head dim (128) on
+      // 9.0, fa2_mma_sm80's beyond it and on 8.0.
       for (const int compute_capability : {90, 80}) {
         const KernelVariant& backward = select_backward_kernel(
             problem.backward(compute_capability), "auto", HeadDimPadding::allowed);
-        EXPECT_EQ(backward.name, "fa2_mma_sm80") << "compute capability " << compute_capability;
-        EXPECT_EQ(padded_head_dim(backward, row.head_dim), row.dim_80);
+        const bool hopper = compute_capability == 90 && row.dim_90 <= 128;
+        EXPECT_EQ(backward.name, hopper ? "fa3_wgmma_sm90" : "fa2_mma_sm80") << "compute capability " << compute_capability;
+        EXPECT_EQ(padded_head_dim(backward, row.head_dim), hopper ? row.dim_90 : row.dim_80);
       }
     }
   }
@@ -159,7 +162,7 @@ TEST(HeadDimPadding, HeadDimAboveEveryKernelIsRejected) {
   expect_rejected(
       [&] { select_backward_kernel(problem.backward(90), "auto", HeadDimPadding::allowed); },
       {"no registered kernel has a backward that can run", "head_dim 300",
-       "fa3_wgmma_sm90 has no backward pass", "fa2_mma_sm80 supports head_dim 32, 64, 96, 128, 256; got 300",
+       "fa3_wgmma_sm90 supports head_dim 64, 128, 256; got 300", "fa2_mma_sm80 supports head_dim 32, 64, 96, 128, 256; got 300",
        "fa1_scalar supports head_dim 1 to 128, got 300"});
   // Through the public entries, on CPU tensors: rejected before the device check.
   expect_rejected([&] { attention_forward(problem.q, problem.k, problem.v); },

@@ -69,6 +69,34 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) 
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// Bulk copies (TMA without a tensor map). `bytes` of float32 from shared
+// memory added element-wise to global memory (the reduction happens at L2);
+// both addresses 16-byte aligned, bytes a multiple of 16. Completion is
+// tracked per thread in bulk groups: commit, then wait until at most N groups
+// are pending, either until their shared-memory source is read (.read: it may
+// be overwritten) or until their writes are done.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* global, const void* shared, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global),
+               "r"(smem_address(shared)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Orders this thread's generic-proxy global accesses (a semaphore's acquire or
+// release) with its async-proxy ones (bulk reductions).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------
 // wgmma: operand descriptors and the async-group protocol.
 
@@ -133,6 +161,20 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Semaphores in global memory (ordering CTAs' additions: the deterministic
+// backward's dQ). The releaser's warpgroup syncs first, so its threads' earlier
+// writes are ordered before the release (cumulativity).
+__device__ __forceinline__ int load_acquire_gpu(const int* address) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+__device__ __forceinline__ void add_release_gpu(int* address, int value) {
+  asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(address), "r"(value)
+               : "memory");
 }
 
 }  // namespace flashlab::sm90

@@ -186,10 +186,29 @@ TileShape backward_tile_shape(const AttentionBackwardParams& params) {
   return shape;
 }
 
+BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n) {
+  BackwardWorkspace workspace;
+  AttentionBackwardParams one_accumulator = params;
+  one_accumulator.deterministic = false;
+  workspace.dq = fa2_mma_sm80::backward_workspace(one_accumulator, block_m, block_n);
+  workspace.total_bytes = workspace.dq.total_bytes;
+  workspace.zeroed_bytes = workspace.dq.dq_accum_bytes;
+  if (workspace.total_bytes == 0) return workspace;  // no rows
+  workspace.query_blocks = (params.seqlen_q + block_m - 1) / block_m;
+  if (params.deterministic) {
+    // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator.
+    workspace.semaphore_offset = workspace.dq.dq_accum_offset + workspace.dq.dq_accum_bytes;
+    workspace.semaphore_bytes = static_cast<size_t>(params.batch) * params.heads * workspace.query_blocks * 2 *
+                                sizeof(int);
+    workspace.zeroed_bytes += workspace.semaphore_bytes;
+    workspace.total_bytes = std::max(workspace.total_bytes, workspace.semaphore_offset + workspace.semaphore_bytes);
+  }
+  return workspace;
+}
+
 size_t backward_workspace_bytes(const AttentionBackwardParams& params) {
   const TileShape tiles = backward_tile_shape(params);
-  return tiles.block_k == 0 ? 0
-                            : fa2_mma_sm80::backward_workspace(params, tiles.block_q, tiles.block_k).total_bytes;
+  return tiles.block_k == 0 ? 0 : backward_workspace(params, tiles.block_q, tiles.block_k).total_bytes;
 }
 
 }  // namespace fa3_wgmma_sm90

@@ -20,6 +20,7 @@
 #include "common/tile_scheduler.h"
 #include "flashlab/kernel_params.h"
 #include "flashlab/kernel_registry.h"  // TileShape
+#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"  // fa2_mma_sm80::BackwardWorkspace
 
 namespace flashlab::fa3_wgmma_sm90 {
 
@@ -146,6 +147,18 @@ void launch(const AttentionParams& params);
 // (instantiated per entry of HeadDims in the generated
 // fa3_wgmma_sm90_bwd_hdim<D>.cu; empty for head dims not in BackwardHeadDims).
 std::string backward_unsupported_reason(const AttentionBackwardParams& params);
+// The workspace: softmax_d and one float32 dq accumulator laid out as
+// fa2_mma_sm80's (its deterministic slots are not used: the deterministic
+// mode orders the additions with semaphores), then, in deterministic mode,
+// int32 semaphores (batch, heads, query_blocks, 2). The accumulator and the
+// semaphores are contiguous: zeroed_bytes from the accumulator's start.
+struct BackwardWorkspace {
+  fa2_mma_sm80::BackwardWorkspace dq;
+  size_t semaphore_offset = 0, semaphore_bytes = 0;
+  int query_blocks = 0;  // ceil(seqlen_q / block_m), seqlen_q the longest sequence
+  size_t zeroed_bytes = 0, total_bytes = 0;
+};
+BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n);
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);
 TileShape backward_tile_shape(const AttentionBackwardParams& params);
 template <int HeadDim>

@@ -4,11 +4,10 @@
 // (common/backward_dq.cuh):
 //
 // 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32.
-// 2. main (this file): one CTA per (key block of 128 keys, kv head, batch)
-//    (deterministic mode: per (dq slot, kv head, batch), walking the key
-//    blocks of its slot in rounds, backward_key_block). Three warpgroups.
+// 2. main (this file): one CTA per (key block of 128 keys, kv head, batch).
+//    Three warpgroups.
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
-//    first warp loads, per round, K and V once (TMA, one transaction barrier),
+//    first warp loads K and V once (TMA, one transaction barrier),
 //    then for each query head of the kv head's group and each query block
 //    that sees the keys (visible_rows_of_keys) the Q tile with the rows' LSE
 //    in base 2 and the dO tile with the rows' D, through two-stage rings
@@ -38,10 +37,22 @@
 // Limits: fp16 / bf16, head_dim 64 and 128 (BackwardHeadDims; others run at
 // a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
-// elements (TMA). Deterministic mode uses fa2_mma_sm80's slot scheme (each CTA
-// adds to its own slot in program order; the convert kernel sums the slots in
-// order). The dQ writer warp with bulk reduce-adds, the persistent schedule
-// and a TMA-store epilogue are not built.
+// elements (TMA). The dQ writer warp with bulk reduce-adds, the persistent
+// schedule and a TMA-store epilogue are not built.
+//
+// Deterministic mode (a separate instantiation): one accumulator, and the key
+// blocks that see a query block add their dQ slabs to it in a fixed order,
+// FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed with
+// the accumulator, counts the key blocks that have added; a consumer waits
+// (one thread acquire-polls, its warpgroup syncs) until the count is its
+// rank, adds, syncs and releases count + 1. Ranks ascend with the key block,
+// or, where the right edge of the mask bounds the walk (causal, windows),
+// descend from the last key block that sees the query block, with CTAs
+// launched from the last key block down: under a causal mask the key block
+// with the fewest query blocks adds first, and a CTA only ever waits for CTAs
+// launched before it, so the wait cannot deadlock. (fa2_mma_sm80's dq slots
+// made each CTA stream a whole dQ copy through HBM per key block: 1.4-1.8x the
+// default mode's time on the H100, session 21.)
 #pragma once
 
 #include <cuda.h>
@@ -62,7 +73,6 @@
 #include "common/wgmma_sm90_generated.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
-#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"  // BackwardWorkspace, backward_key_block
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 
 namespace flashlab::fa3_wgmma_sm90 {
@@ -87,6 +97,12 @@ struct BwdTraits {
   // when the block has 64 rows, along the rows when it has 128.
   static constexpr bool kDqSplitsColumns = BlockM == 64;
   static constexpr int kDqSlabFloats = 64 * 64;
+  // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
+  // w's slab staged (w's 128 threads arrive, the writer warp syncs); the
+  // writer has read w's slab (the writer arrives, w's threads sync).
+  static constexpr int kDsStoredBarrier = 1;
+  static constexpr int kDqFullBarrier = 2;   // + consumer
+  static constexpr int kDqEmptyBarrier = 4;  // + consumer
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
   // of the rows, then the barriers; +1024 to align the base for the swizzle.
   static constexpr int kKOffset = 0;
@@ -94,10 +110,15 @@ struct BwdTraits {
   static constexpr int kQOffset = kVOffset + kKVTileBytes;
   static constexpr int kDoOffset = kQOffset + Stages * kQTileBytes;
   static constexpr int kDsOffset = kDoOffset + Stages * kQTileBytes;
-  static constexpr int kLseOffset = kDsOffset + 2 * kDsTileBytes;
-  static constexpr int kDOffset = kLseOffset + Stages * BlockM * 4;
-  static constexpr int kBarrierOffset = kDOffset + Stages * BlockM * 4;
-  static constexpr int kBarriers = 2 + 4 * Stages;  // kv full/empty; q, do full/empty a stage
+  // The rows' LSE_log2 then D, two steps' worth (the consumers fill the next
+  // step's while this one's are read).
+  static constexpr int kStatsOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr int kStatsFloats = 2 * BlockM;  // a step's
+  // Deterministic mode: each consumer's dQ slab (float32, fragment order) for the writer warp.
+  static constexpr int kDqStageOffset = kStatsOffset + 2 * kStatsFloats * 4;
+  static constexpr int kDqSlabBytes = 64 * 64 * 4;
+  static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
+  static constexpr int kBarriers = 1 + 4 * Stages;  // kv full; q, do full/empty a stage
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
   static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");
@@ -130,8 +151,22 @@ struct SlabDqOrder {
 struct BwdKernelArguments {
   CUtensorMap q_map, k_map, v_map, do_map;
   AttentionBackwardParams params;
-  int64_t dq_accum_slot_stride = 0;
+  // Deterministic mode: int32 (batch, heads, query_blocks, 2 slabs), zeroed.
+  int* dq_semaphore = nullptr;
+  int query_blocks = 0;  // ceil(max seqlen_q / kBlockM)
 };
+
+// The key block of this CTA (-1: none, a varlen sequence shorter than the
+// grid): blockIdx.x, or counted from the last block down where deterministic
+// ranks descend (dq_rank).
+__device__ __forceinline__ bool ranks_descend(const AttentionBackwardParams& p) {
+  return p.window_right >= 0;
+}
+template <bool kDeterministic>
+__device__ __forceinline__ int cta_key_block(const AttentionBackwardParams& p, int n_key_blocks) {
+  if (static_cast<int>(blockIdx.x) >= n_key_blocks) return -1;
+  return kDeterministic && ranks_descend(p) ? n_key_blocks - 1 - blockIdx.x : blockIdx.x;
+}
 
 // The query blocks a key block's CTA walks, and how many steps (blocks x the
 // group's heads): the producer and the consumers compute the same.
@@ -152,120 +187,160 @@ __device__ __forceinline__ QueryWalk query_walk(const AttentionBackwardParams& p
   return walk;
 }
 
+// Deterministic mode: how many key blocks add to query block m0's dQ before
+// key block n_block (dq_semaphore counts up to it). The key blocks that see a
+// query block are one interval (visible_keys_of_rows).
+template <class Tr>
+__device__ __forceinline__ int dq_rank(const AttentionBackwardParams& p, const SequenceView& view,
+                                      int n_block, int m0) {
+  const int row_last = min(m0 + Tr::kBlockM, view.seqlen_q) - 1;
+  const KeyRange keys = visible_keys_of_rows(m0, row_last, view.seqlen_q, view.seqlen_k, p.window_left,
+                                             p.window_right);
+  return ranks_descend(p) ? keys.last / Tr::kBlockN - n_block : n_block - keys.first / Tr::kBlockN;
+}
+
 using sm80::fast_exp2;
 using sm80::pack2;
 
+// The CTA's mbarriers: K/V (the TMA bytes), and per ring stage Q and dO
+// full (the TMA bytes) and empty (one arrival per consumer warp).
+template <class Tr>
+struct BwdBarriers {
+  uint64_t* kv_full;
+  uint64_t* q_full;
+  uint64_t* q_empty;
+  uint64_t* do_full;
+  uint64_t* do_empty;
+  static constexpr int kCount = 1 + 4 * Tr::kStages;
+  __device__ explicit BwdBarriers(uint64_t* base)
+      : kv_full(base), q_full(base + 1), q_empty(q_full + Tr::kStages), do_full(q_empty + Tr::kStages),
+        do_empty(do_full + Tr::kStages) {}
+  __device__ void init() const {
+    constexpr int kConsumerWarps = 4 * Tr::kConsumers;
+    sm90::mbarrier_init(kv_full, 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      sm90::mbarrier_init(&q_full[s], 1);
+      sm90::mbarrier_init(&q_empty[s], kConsumerWarps);
+      sm90::mbarrier_init(&do_full[s], 1);
+      sm90::mbarrier_init(&do_empty[s], kConsumerWarps);
+    }
+    sm90::fence_barrier_init();
+  }
+};
+
 // ---------------------------------------------------------------------------
-// The producer warp: K, V per round; Q + LSE_log2 and dO + D per step.
-template <class Tr, typename Element>
+// The producer (one thread): K, V once; Q and dO per step.
+template <class Tr, typename Element, bool kDeterministic>
 __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args,
-                                                 unsigned char* smem, uint64_t* barriers) {
+                                                 unsigned char* smem, const BwdBarriers<Tr>& bar) {
   constexpr int kBM = Tr::kBlockM;
   const AttentionBackwardParams& p = args.params;
-  uint64_t* kv_full = barriers;
-  uint64_t* kv_empty = kv_full + 1;
-  uint64_t* q_full = kv_empty + 1;
-  uint64_t* q_empty = q_full + Tr::kStages;
-  uint64_t* do_full = q_empty + Tr::kStages;
-  uint64_t* do_empty = do_full + Tr::kStages;
-  float* lse_smem = reinterpret_cast<float*>(smem + Tr::kLseOffset);
-  float* d_smem = reinterpret_cast<float*>(smem + Tr::kDOffset);
-  const int lane = threadIdx.x % 32;
-  const bool leader = lane == 0;
-  if (leader) {
-    sm90::tma_prefetch_descriptor(&args.q_map);
-    sm90::tma_prefetch_descriptor(&args.k_map);
-    sm90::tma_prefetch_descriptor(&args.v_map);
-    sm90::tma_prefetch_descriptor(&args.do_map);
-  }
+  sm90::tma_prefetch_descriptor(&args.q_map);
+  sm90::tma_prefetch_descriptor(&args.k_map);
+  sm90::tma_prefetch_descriptor(&args.v_map);
+  sm90::tma_prefetch_descriptor(&args.do_map);
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   const int group = p.heads / p.kv_heads;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
   const int batch_coordinate = p.is_varlen() ? 0 : batch;
-  const int n_key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  uint32_t iteration = 0, kv_round = 0;
-  for (int round = 0;; ++round) {
-    const int n_block = fa2_mma_sm80::backward_key_block(round, blockIdx.x, gridDim.x);
-    if (n_block >= n_key_blocks) break;
-    const int n0 = n_block * Tr::kBlockN;
-    const QueryWalk walk = query_walk<Tr>(p, view, n0);
-    if (walk.steps == 0) continue;
-    sm90::mbarrier_wait(kv_empty, (kv_round & 1) ^ 1);
-    ++kv_round;
-    if (leader) {
-      sm90::mbarrier_arrive_expect_tx(kv_full, 2 * Tr::kKVTileBytes);
+  const int n_block = cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
+  if (n_block < 0) return;
+  const int n0 = n_block * Tr::kBlockN;
+  const QueryWalk walk = query_walk<Tr>(p, view, n0);
+  if (walk.steps == 0) return;
+  sm90::mbarrier_arrive_expect_tx(bar.kv_full, 2 * Tr::kKVTileBytes);
 #pragma unroll 1
-      for (int panel = 0; panel < Tr::kPanels; ++panel) {
-        sm90::tma_load_4d(smem + Tr::kKOffset + panel * Tr::kBlockN * 128, &args.k_map, kv_full,
-                          panel * 64, view.k_row0 + n0, kv_head, batch_coordinate);
-        sm90::tma_load_4d(smem + Tr::kVOffset + panel * Tr::kBlockN * 128, &args.v_map, kv_full,
-                          panel * 64, view.k_row0 + n0, kv_head, batch_coordinate);
-      }
-    }
+  for (int panel = 0; panel < Tr::kPanels; ++panel) {
+    sm90::tma_load_4d(smem + Tr::kKOffset + panel * Tr::kBlockN * 128, &args.k_map, bar.kv_full, panel * 64,
+                      view.k_row0 + n0, kv_head, batch_coordinate);
+    sm90::tma_load_4d(smem + Tr::kVOffset + panel * Tr::kBlockN * 128, &args.v_map, bar.kv_full, panel * 64,
+                      view.k_row0 + n0, kv_head, batch_coordinate);
+  }
 #pragma unroll 1
-    for (int step = 0; step < walk.steps; ++step, ++iteration) {
-      const int head = kv_head * group + step / walk.m_count;
-      const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
-      const int stage = iteration % Tr::kStages;
-      const uint32_t phase = (iteration / Tr::kStages) & 1;
-      const int64_t stats = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
-      // Q and the rows' LSE in base 2: +inf past seqlen_q and for rows that
-      // saw no key (P = 0 there, never NaN).
-      sm90::mbarrier_wait(&q_empty[stage], phase ^ 1);
+  for (int step = 0; step < walk.steps; ++step) {
+    const int head = kv_head * group + step / walk.m_count;
+    const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
+    const int stage = step % Tr::kStages;
+    const uint32_t phase = (step / Tr::kStages) & 1;
+    sm90::mbarrier_wait(&bar.q_empty[stage], phase ^ 1);
+    sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes);
 #pragma unroll 1
-      for (int r = lane; r < kBM; r += 32) {
-        const int row = m0 + r;
-        const float lse = row < view.seqlen_q ? p.lse[stats + row] : -INFINITY;
-        lse_smem[stage * kBM + r] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-      }
-      if (leader) {
-        sm90::mbarrier_arrive_expect_tx(&q_full[stage], Tr::kQTileBytes);
+    for (int panel = 0; panel < Tr::kPanels; ++panel)
+      sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
+                        &bar.q_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
+    sm90::mbarrier_wait(&bar.do_empty[stage], phase ^ 1);
+    sm90::mbarrier_arrive_expect_tx(&bar.do_full[stage], Tr::kQTileBytes);
 #pragma unroll 1
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128,
-                            &args.q_map, &q_full[stage], panel * 64, view.q_row0 + m0, head,
-                            batch_coordinate);
-      } else {
-        sm90::mbarrier_arrive(&q_full[stage]);
-      }
-      // dO and the rows' D (0 past seqlen_q).
-      sm90::mbarrier_wait(&do_empty[stage], phase ^ 1);
-#pragma unroll 1
-      for (int r = lane; r < kBM; r += 32) {
-        const int row = m0 + r;
-        d_smem[stage * kBM + r] = row < view.seqlen_q ? p.softmax_d[stats + row] : 0.f;
-      }
-      if (leader) {
-        sm90::mbarrier_arrive_expect_tx(&do_full[stage], Tr::kQTileBytes);
-#pragma unroll 1
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_load_4d(smem + Tr::kDoOffset + stage * Tr::kQTileBytes + panel * kBM * 128,
-                            &args.do_map, &do_full[stage], panel * 64, view.q_row0 + m0, head,
-                            batch_coordinate);
-      } else {
-        sm90::mbarrier_arrive(&do_full[stage]);
-      }
-    }
+    for (int panel = 0; panel < Tr::kPanels; ++panel)
+      sm90::tma_load_4d(smem + Tr::kDoOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.do_map,
+                        &bar.do_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
   }
 }
 
 // ---------------------------------------------------------------------------
+// The dQ writer warp of the deterministic mode (the producer warpgroup's
+// second): per step, each consumer's staged slab waits for its turn here, off
+// the consumers' path, and goes to the accumulator as one bulk reduce-add
+// (cp.reduce.async.bulk ... add.f32, 16 KB). (Consumers waiting for the turn
+// themselves: 1.15-1.45x the default mode's time; with the writer 1.05-1.40x,
+// H100, session 21.)
+template <class Tr>
+__device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& args, unsigned char* smem) {
+  const AttentionBackwardParams& p = args.params;
+  const int lane = threadIdx.x % 32;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  const int n_block = cta_key_block<true>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
+  if (n_block < 0) return;
+  const QueryWalk walk = query_walk<Tr>(p, view, n_block * Tr::kBlockN);
+  float* const dq_accum = p.dq_accum + view.dq_accum_offset;
+#pragma unroll 1
+  for (int step = 0; step < walk.steps; ++step) {
+    const int head = kv_head * group + step / walk.m_count;
+    const int m0 = (walk.m_begin + step % walk.m_count) * Tr::kBlockM;
+    float* const block = dq_accum + head * p.dq_accum_head_stride + static_cast<int64_t>(m0) * p.dq_accum_row_stride;
+#pragma unroll 1
+    for (int consumer = 0; consumer < Tr::kConsumers; ++consumer) {
+      sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
+      if (lane == 0) {
+        int* const semaphore =
+            args.dq_semaphore +
+            ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m0 / Tr::kBlockM) * 2 + consumer;
+        const int rank = dq_rank<Tr>(p, view, n_block, m0);
+        while (sm90::load_acquire_gpu(semaphore) != rank) {
+        }
+        sm90::fence_proxy_async_global();
+        sm90::bulk_reduce_add_f32(block + consumer * Tr::kDqSlabFloats,
+                                  smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes, Tr::kDqSlabBytes);
+        sm90::bulk_commit_group();
+        sm90::bulk_wait_group<0>();  // added, not only read: then the next key block's turn
+        sm90::fence_proxy_async_global();
+        sm90::add_release_gpu(semaphore, 1);
+      }
+      __syncwarp();
+      // The consumer waits for this before staging its next slab (none after the last).
+      if (step + 1 < walk.steps) sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+    }
+  }
+  if (lane == 0) sm90::bulk_wait_group<0>();
+}
+
+// ---------------------------------------------------------------------------
 // A consumer warpgroup: its 64 keys of the block against every query block of the walk.
-template <class Tr, typename Element>
+template <class Tr, typename Element, bool kDeterministic>
 __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args,
-                                                 unsigned char* smem, uint64_t* barriers) {
+                                                 unsigned char* smem, const BwdBarriers<Tr>& bar) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBM = Tr::kBlockM;
   constexpr int kBN = Tr::kBlockN;
   const AttentionBackwardParams& p = args.params;
-  uint64_t* kv_full = barriers;
-  uint64_t* kv_empty = kv_full + 1;
-  uint64_t* q_full = kv_empty + 1;
-  uint64_t* q_empty = q_full + Tr::kStages;
-  uint64_t* do_full = q_empty + Tr::kStages;
-  uint64_t* do_empty = do_full + Tr::kStages;
-  const float* lse_smem = reinterpret_cast<const float*>(smem + Tr::kLseOffset);
-  const float* d_smem = reinterpret_cast<const float*>(smem + Tr::kDOffset);
+  uint64_t* kv_full = bar.kv_full;
+  uint64_t* q_full = bar.q_full;
+  uint64_t* q_empty = bar.q_empty;
+  uint64_t* do_full = bar.do_full;
+  uint64_t* do_empty = bar.do_empty;
+  float* const stats_smem = reinterpret_cast<float*>(smem + Tr::kStatsOffset);
   const uint32_t base = sm90::smem_address(smem);
   const uint32_t k_address = base + Tr::kKOffset, v_address = base + Tr::kVOffset;
 
@@ -281,8 +356,10 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int n_key_blocks = (view.seqlen_k + kBN - 1) / kBN;
-  float* const dq_accum_slot = p.dq_accum + (p.deterministic ? blockIdx.x * args.dq_accum_slot_stride : 0) +
-                               view.dq_accum_offset;
+  const int n_block = cta_key_block<kDeterministic>(p, n_key_blocks);
+  if (n_block < 0) return;
+  const int n0 = n_block * kBN;
+  const QueryWalk walk = query_walk<Tr>(p, view, n0);
   // This consumer's dQ slab: A = dS rows (query panel), B = K columns (head-dim panel).
   const int dq_query_panel = Tr::kDqSplitsColumns ? 0 : consumer;
   const int dq_column_panel = Tr::kDqSplitsColumns ? consumer : 0;
@@ -343,26 +420,47 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
                                      (query % 8) * 2) = ds_frag[n / 2][(n % 2) * 2 + h];
       }
   };
+  // One arrival a warp, after the warp's reads of the stage (the LSE / D rows
+  // in shared memory) are ordered before it.
   const auto release = [&](uint64_t* barrier) {
+    __syncwarp();
     if (lane == 0) sm90::mbarrier_arrive(barrier);
   };
 
-  uint32_t iteration = 0, kv_round = 0;
-  for (int round = 0;; ++round) {
-    const int n_block = fa2_mma_sm80::backward_key_block(round, blockIdx.x, gridDim.x);
-    if (n_block >= n_key_blocks) break;
-    const int n0 = n_block * kBN;
-    const QueryWalk walk = query_walk<Tr>(p, view, n0);
+  // The rows' LSE in base 2 (+inf past seqlen_q and for rows that saw no
+  // key: P = 0 there, never NaN) and D (0 past seqlen_q), one value a
+  // consumer thread, loaded a step ahead and stored before the step's dS
+  // barrier, which orders it before the next step's reads (and after the
+  // reads of two steps back). Plain shared stores ordered by named barriers:
+  // compute-sanitizer's racecheck follows those (the producer's stores before
+  // an mbarrier arrival, which it flagged, are gone).
+  const int stats_thread = threadIdx.x - 128;  // 0 .. 255
+  const auto load_stats = [&](int step) {
+    if (step >= walk.steps || stats_thread >= 2 * kBM) return 0.f;
+    const int head = kv_head * group + step / walk.m_count;
+    const int row = (walk.m_begin + step % walk.m_count) * kBM + stats_thread % kBM;
+    const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row;
+    if (stats_thread >= kBM) return row < view.seqlen_q ? p.softmax_d[at] : 0.f;
+    const float lse = row < view.seqlen_q ? p.lse[at] : -INFINITY;
+    return lse == -INFINITY ? INFINITY : lse * kLog2e;
+  };
+  const auto store_stats = [&](int step, float value) {
+    if (stats_thread < 2 * kBM) stats_smem[(step % 2) * Tr::kStatsFloats + stats_thread] = value;
+  };
 #pragma unroll
-    for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-    if (walk.steps > 0) {
-      sm90::mbarrier_wait(kv_full, kv_round & 1);
-      ++kv_round;
-    }
+  for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+  if (walk.steps > 0) {
+    store_stats(0, load_stats(0));
+    sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);
+    sm90::mbarrier_wait(kv_full, 0);
+  }
+  {
+    uint32_t iteration = 0;
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + step / walk.m_count;
       const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
+      const float next_stats = load_stats(step + 1);
       const int stage = iteration % Tr::kStages;
       const uint32_t phase = (iteration / Tr::kStages) & 1;
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
@@ -382,8 +480,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
           mask.apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
                                      [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
       }
-      const float* lse_rows = lse_smem + stage * kBM;
-      const float* d_rows = d_smem + stage * kBM;
+      const float* lse_rows = stats_smem + (step % 2) * Tr::kStatsFloats;
+      const float* d_rows = lse_rows + kBM;
 #pragma unroll
       for (int n = 0; n < kBM / 8; ++n)
 #pragma unroll
@@ -418,24 +516,40 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       store_ds(ds_tile);
       sm90::fence_proxy_async_shared();
       issue_key_gradient(acc_dv, p_frag, do_tile);
-      sm90::named_barrier_sync(1, 128 * Tr::kConsumers);  // both consumers' dS are stored
+      store_stats(step + 1, next_stats);
+      sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
       issue_dq(sm90::smem_address(ds_tile));
       issue_key_gradient(acc_dk, ds_frag, q_tile);
       sm90::wgmma_wait<1>();  // dV and dQ done
       sm90::fence_registers(acc_dq);
       sm90::fence_registers(acc_dv);
       release(&do_empty[stage]);
-      float* slab = dq_accum_slot + head * p.dq_accum_head_stride +
-                    static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats;
+      if constexpr (kDeterministic) {
+        // The slab to the writer warp (which adds it in its turn): its staging
+        // buffer, once the writer has read the previous one.
+        if (step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+        float* const staged = reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes);
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
-        sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
-                            acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<float4*>(staged + ((n * 4 + warp) * 32 + lane) * 4) =
+              make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
+      } else {
+        // Straight from registers: 16-byte reductions, 512 contiguous bytes a
+        // warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
+        // the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
+        float* const slab = p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
+                            static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
+                              acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+      }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
-    if (walk.steps > 0) release(kv_empty);
 
     // Epilogue: dK * scale and dV of this consumer's keys (zeros for a key
     // block no query row sees), 4-byte stores of the rows < seqlen_k.
@@ -459,33 +573,23 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   }
 }
 
-template <class Tr, typename Element>
+template <class Tr, typename Element, bool kDeterministic>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_backward_kernel(const __grid_constant__ BwdKernelArguments args) {
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
-  if (threadIdx.x == 0) {
-    constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
-    sm90::mbarrier_init(&barriers[0], 1);               // kv_full: the TMA bytes
-    sm90::mbarrier_init(&barriers[1], kConsumerWarps);  // kv_empty
-    for (int s = 0; s < Tr::kStages; ++s) {
-      sm90::mbarrier_init(&barriers[2 + s], 32);                          // q_full: producer lanes
-      sm90::mbarrier_init(&barriers[2 + Tr::kStages + s], kConsumerWarps);  // q_empty
-      sm90::mbarrier_init(&barriers[2 + 2 * Tr::kStages + s], 32);          // do_full
-      sm90::mbarrier_init(&barriers[2 + 3 * Tr::kStages + s], kConsumerWarps);  // do_empty
-    }
-    sm90::fence_barrier_init();
-  }
+  const BwdBarriers<Tr> barriers(reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset));
+  if (threadIdx.x == 0) barriers.init();
   __syncthreads();
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
-    if (threadIdx.x < 32) backward_producer<Tr, Element>(args, smem, barriers);
+    if (threadIdx.x == 0) backward_producer<Tr, Element, kDeterministic>(args, smem, barriers);
+    else if (kDeterministic && threadIdx.x >= 32 && threadIdx.x < 64) backward_dq_writer<Tr>(args, smem);
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
-  backward_consumer<Tr, Element>(args, smem, barriers);
+  backward_consumer<Tr, Element, kDeterministic>(args, smem, barriers);
 }
 
 // ---------------------------------------------------------------------------
@@ -494,8 +598,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {
   AttentionBackwardParams p = params;
-  const fa2_mma_sm80::BackwardWorkspace workspace =
-      fa2_mma_sm80::backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
+  const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
   if (workspace.total_bytes > 0 &&
       (p.workspace == nullptr || p.workspace_bytes < workspace.total_bytes))
     throw_cuda_error(cudaErrorInvalidValue, "fa3_wgmma_sm90 backward workspace", __FILE__, __LINE__,
@@ -503,17 +606,18 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
                          " bytes of workspace (backward_workspace_bytes); got " +
                          std::to_string(p.workspace_bytes));
   unsigned char* const base = static_cast<unsigned char*>(p.workspace);
-  p.softmax_d = reinterpret_cast<float*>(base + workspace.softmax_d_offset);
-  p.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
-  p.dq_accum_batch_stride = workspace.dq_accum_batch_stride;
-  p.dq_accum_row_stride = workspace.dq_accum_row_stride;
-  p.dq_accum_head_stride = workspace.dq_accum_head_stride;
+  const fa2_mma_sm80::BackwardWorkspace& dq = workspace.dq;
+  p.softmax_d = reinterpret_cast<float*>(base + dq.softmax_d_offset);
+  p.dq_accum = reinterpret_cast<float*>(base + dq.dq_accum_offset);
+  p.dq_accum_batch_stride = dq.dq_accum_batch_stride;
+  p.dq_accum_row_stride = dq.dq_accum_row_stride;
+  p.dq_accum_head_stride = dq.dq_accum_head_stride;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.batch <= 0 || p.heads <= 0) return;
   const bool has_rows = p.seqlen_q > 0;
-  // Every slot from zero (this kernel does not store first touches).
-  if (workspace.dq_accum_bytes > 0)
-    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.dq_accum_bytes, stream));
+  // The accumulator and (deterministic) the semaphores after it start at zero.
+  if (workspace.zeroed_bytes > 0)
+    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.zeroed_bytes, stream));
   if (has_rows) {
     constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
     const dim3 grid((p.seqlen_q + kRows - 1) / kRows, p.heads, p.batch);
@@ -523,24 +627,24 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   if (p.seqlen_k > 0) {
     BwdKernelArguments args;
     args.params = p;
-    args.dq_accum_slot_stride = workspace.dq_accum_slot_stride;
+    args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + workspace.semaphore_offset) : nullptr;
+    args.query_blocks = workspace.query_blocks;
     args.q_map = make_tensor_map(p, tensor_operand(p, Operand::q), Tr::kBlockM);
     args.k_map = make_tensor_map(p, tensor_operand(p, Operand::k), Tr::kBlockN);
     args.v_map = make_tensor_map(p, tensor_operand(p, Operand::v), Tr::kBlockN);
     args.do_map = make_tensor_map(
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
-    auto kernel = fa3_backward_kernel<Tr, Element>;
+    auto kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true> : fa3_backward_kernel<Tr, Element, false>;
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
-    const int key_blocks = (p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-    const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
+    const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.kv_heads, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward", p);
   }
   if (has_rows) {
     const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads, p.batch);
     backward_convert_dq_kernel<SlabDqOrder<Tr>, Element><<<grid, kConvertThreads, 0, stream>>>(
-        p, workspace.dq_accum_slots, workspace.dq_accum_slot_stride, nullptr);
+        p, 1, dq.dq_accum_slot_stride, nullptr);
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward (convert dq)", p);
   }
 }

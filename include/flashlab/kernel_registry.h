@@ -90,6 +90,36 @@ struct ElementLocation {
   std::vector<CudaGdbStop> stops;  // first the preferred one
 };
 
+// Where the gradients of a backward problem live while a kernel's backward
+// runs (flashlab-run --backward --locate B,H,ROW[,COL]): dK/dV[batch, ROW,
+// H / (heads / kv_heads), COL] (key row ROW) and dQ[batch, ROW, H, COL]
+// (query row ROW). Layout arithmetic only, like ElementLocation.
+struct BackwardElementLocation {
+  int grid[3] = {0, 0, 0};           // gridDim of the main kernel as launched
+  int block_threads[3] = {0, 0, 0};  // blockDim
+  int block_q = 0, block_k = 0;      // query rows a step, keys a block
+  // dK / dV: the block that owns the key row, the registers that accumulate
+  // them over the block's walk, and that walk.
+  std::string keys_unavailable;  // non-empty: why (the key row is past its sequence)
+  int key_block = 0;
+  int key_block_cta[3] = {-1, -1, -1};  // its blockIdx
+  RegisterSlot dk, dv;
+  std::string key_note;   // what the registers hold, how the store scales them
+  std::string walk_note;  // the query blocks and heads the block walks, in order
+  // dQ: the key blocks that add the query row's partial dQ, in the order the
+  // additions land (deterministic) or any order, from which thread and
+  // register, and where in the float32 accumulator.
+  std::string queries_unavailable;
+  int query_block = 0;
+  std::vector<int> adding_key_blocks;  // in addition order when dq_ordered
+  bool dq_ordered = false;
+  RegisterSlot dq;          // the same thread and register in every adding block
+  int64_t dq_accum_element = 0;  // from the accumulator's start (this head, batch entry)
+  std::string dq_note;
+  std::string source;                  // the kernel source file, as compiled
+  std::vector<CudaGdbStop> stops;      // key side first
+};
+
 struct KernelVariant {
   std::string name;
   std::string summary;  // one line: algorithm and limits
@@ -131,6 +161,11 @@ struct KernelVariant {
   // per thread block (the key block that owns dk and dv). The harness names
   // them in dq/dk/dv reports; nullptr: it names the forward's tile_shape.
   TileShape (*backward_tile_shape)(const AttentionBackwardParams& params) = nullptr;
+  // Where dK/dV of key row `row` (kv head head / group) and dQ of query row
+  // `row` (head `head`) live (BackwardElementLocation); nullptr: the kernel
+  // does not say. cu_seqlens may point to host memory.
+  BackwardElementLocation (*backward_locate)(const AttentionBackwardParams& params, int batch, int head,
+                                             int row, int col) = nullptr;
 
   // Decoding with a KV cache (KvCacheParams), when the kernel has it
   // (nullptr: none). kvcache_num_splits is the split heuristic: the splits the

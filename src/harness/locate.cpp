@@ -1,5 +1,7 @@
 #include "flashlab/harness/locate.h"
 
+#include "flashlab/harness/backward_check.h"
+
 #include <ATen/ATen.h>
 
 #include <fstream>
@@ -204,6 +206,91 @@ std::string format_location(const KernelVariant& kernel, const ProblemSpec& spec
     if (!kernel.supports_tile_trace)
       text << "  (needs tile tracing, which " << kernel.name << " does not record yet)";
     text << "\n";
+  }
+  return text.str();
+}
+
+BackwardElementLocation locate_backward_element(const KernelVariant& kernel, const ProblemSpec& spec,
+                                                bool deterministic, int batch, int head, int row, int col) {
+  TORCH_CHECK(kernel.backward_locate != nullptr, "kernel ", kernel.name,
+              " does not describe where its backward's elements live (KernelVariant::backward_locate is not set)");
+  const int batches = spec.is_varlen() ? static_cast<int>(spec.seqlens_q.size()) : spec.batch;
+  TORCH_CHECK(batch >= 0 && batch < batches, "--locate: batch ", batch, " is out of range; the problem has ",
+              batches, spec.is_varlen() ? " sequences" : " batch entries");
+  TORCH_CHECK(head >= 0 && head < spec.heads, "--locate: head ", head, " is out of range; the problem has ",
+              spec.heads, " heads");
+  TORCH_CHECK(col >= 0 && col < spec.head_dim, "--locate: col ", col, " is out of range; head_dim is ",
+              spec.head_dim);
+  ProblemSpec shape_only = spec;
+  if (!spec.is_varlen()) shape_only.batch = 1;
+  const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
+  AttentionBackwardParams params = backward_params(shape_only, inputs, {}, at::Tensor(), {}, deterministic);
+  if (!spec.is_varlen()) params.batch = spec.batch;
+  return kernel.backward_locate(params, batch, head, row, col);
+}
+
+std::string format_backward_location(const KernelVariant& kernel, const ProblemSpec& spec, bool deterministic,
+                                     int batch, int head, int row, std::optional<int> col,
+                                     const std::string& program) {
+  const int column = col.value_or(0);
+  const BackwardElementLocation location =
+      locate_backward_element(kernel, spec, deterministic, batch, head, row, column);
+  const int kv_head = head / (spec.heads / spec.kv_heads);
+  std::ostringstream text;
+  text << "locate (backward" << (deterministic ? ", deterministic" : "") << "): kernel " << kernel.name
+       << ", batch " << batch << ", head " << head << " (kv head " << kv_head << "), row " << row << ", col "
+       << column << (col ? "" : " (no COL given: column 0)") << "\n"
+       << "problem " << spec.describe() << "\n"
+       << "launch:  grid " << triple(location.grid) << ", block " << triple(location.block_threads)
+       << " threads; " << location.block_q << " query rows a step, " << location.block_k << " keys a block\n";
+  const auto slot_text = [](const RegisterSlot& slot) {
+    return "thread " + triple(slot.thread) + " (warp " + std::to_string(slot.warp) + ", lane " +
+           std::to_string(slot.lane) + "), " + slot.name;
+  };
+  const std::string element = "[" + std::to_string(batch) + "," + std::to_string(row) + ",";
+  if (!location.keys_unavailable.empty()) {
+    text << "dk/dv" << element << kv_head << "," << column << "]: " << location.keys_unavailable << "\n";
+  } else {
+    text << "dk/dv" << element << kv_head << "," << column << "]: key block " << location.key_block << ", block "
+         << triple(location.key_block_cta) << "\n"
+         << "         dk: " << slot_text(location.dk) << "\n"
+         << "         dv: " << slot_text(location.dv) << "\n"
+         << "         " << location.key_note << "\n"
+         << "         the block walks " << location.walk_note << "\n";
+  }
+  if (!location.queries_unavailable.empty()) {
+    text << "dq" << element << head << "," << column << "]: " << location.queries_unavailable << "\n";
+  } else {
+    text << "dq" << element << head << "," << column << "]: query block " << location.query_block << "; ";
+    if (location.adding_key_blocks.empty())
+      text << "no key block sees it (dq 0)\n";
+    else
+      text << "added by key blocks " << join(location.adding_key_blocks, ", ")
+           << (location.dq_ordered ? " (in this order)" : " (in any order)") << "\n";
+    text << "         in each: " << slot_text(location.dq) << "\n"
+         << "         " << location.dq_note << "\n";
+  }
+  if (location.stops.empty()) return text.str();
+  const std::string problem = run_options(spec);
+  text << "cuda-gdb (debug build: cmake --preset debug && cmake --build --preset debug):\n";
+  int number = 0;
+  for (const CudaGdbStop& stop : location.stops) {
+    ++number;
+    const int line = marker_line(location.source, stop.marker, stop.line_offset);
+    text << "stop " << number << ":\n";
+    if (line == 0) {
+      text << "  not in this source: no line of " << location.source << " holds '" << stop.marker << "'\n";
+      continue;
+    }
+    text << "  CUDA_MODULE_LOADING=EAGER cuda-gdb --args " << program << " " << problem << " --backward"
+         << (deterministic ? " --deterministic" : "") << " --repeat 0\n"
+         << "  (cuda-gdb) set cuda break_on_launch application\n"
+         << "  (cuda-gdb) run\n"
+         << "  (cuda-gdb) set cuda break_on_launch none\n"
+         << "  (cuda-gdb) break " << base_name(location.source) << ":" << line << " if " << stop.condition << "\n"
+         << "  (cuda-gdb) continue\n";
+    for (const std::string& print : stop.prints) text << "  (cuda-gdb) print " << print << "\n";
+    text << "  shows " << stop.what << "\n";
   }
   return text.str();
 }

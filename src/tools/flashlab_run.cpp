@@ -185,7 +185,8 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
               "print where out[B, ROW, H, COL] and the row's running max/sum live in\nthe kernel "
               "(block, warp, lanes, register slots), the key tiles its\nblock visits and the cuda-gdb "
               "commands that stop there; runs\nnothing, needs no GPU (--kernel NAME; ROW counts within "
-              "sequence B)",
+              "sequence B);\nwith --backward: where dK/dV of key row ROW (kv head H / group) and\ndQ of "
+              "query row ROW live (--deterministic: that mode's order)",
               [&](const std::string& v) {
                 arguments.locate = flashlab::parse_int_list("--locate", v, 0, kIntMax);
                 if (arguments.locate.size() != 3 && arguments.locate.size() != 4)
@@ -297,8 +298,8 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   if (!arguments.locate.empty()) {
     if (spec.kernel == "auto")
       throw ArgumentError("--locate needs --kernel NAME: the layout is the kernel's");
-    if (arguments.trace_tiles || arguments.backward || arguments.memory || arguments.json)
-      throw ArgumentError("--locate runs nothing; leave out --trace-tiles, --backward, --memory and --json");
+    if (arguments.trace_tiles || arguments.memory || arguments.json)
+      throw ArgumentError("--locate runs nothing; leave out --trace-tiles, --memory and --json");
   }
   if (arguments.backward && arguments.trace_tiles)
     throw ArgumentError("--trace-tiles traces the forward's tile states; leave out --backward");
@@ -438,9 +439,12 @@ int main(int argc, char** argv) {
   if (!arguments.locate.empty()) {
     const auto& at = arguments.locate;
     try {
-      std::cout << flashlab::format_location(
-          *flashlab::find_any_kernel(arguments.spec.kernel), arguments.spec, at[0], at[1], at[2],
-          at.size() == 4 ? std::optional<int>(at[3]) : std::nullopt);
+      const auto col = at.size() == 4 ? std::optional<int>(at[3]) : std::nullopt;
+      const flashlab::KernelVariant& kernel = *flashlab::find_any_kernel(arguments.spec.kernel);
+      std::cout << (arguments.backward
+                        ? flashlab::format_backward_location(kernel, arguments.spec, arguments.deterministic,
+                                                             at[0], at[1], at[2], col)
+                        : flashlab::format_location(kernel, arguments.spec, at[0], at[1], at[2], col));
     } catch (const c10::Error& error) {
       std::cerr << "flashlab-run: " << error.what_without_backtrace() << "\n";
       return kExitBadArguments;

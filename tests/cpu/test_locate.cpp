@@ -21,6 +21,7 @@
 #include "flashlab/harness/locate.h"
 #include "flashlab/kernel_registry.h"
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
+#include "common/mma_accumulator_layout.h"
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90_locate.h"
 
 namespace flashlab {
@@ -310,6 +311,110 @@ TEST(Locate, RunOptionsReproduceTheProblem) {
   spec.seqlens_q = {3, 4};
   spec.seqlens_k = {5, 6};
   EXPECT_NE(run_options(spec).find("--seqlens 3,4 --seqlens-k 5,6 --heads"), std::string::npos);
+}
+
+// The backward (flashlab-run --backward --locate): fa3_wgmma_sm90's answer for
+// every (row, col) of a problem against the formulas its kernel indexes with.
+// dK/dV: one (thread, acc index) per element of a key block, the slot giving
+// back row and column by the accumulator pattern; dQ: the fragment group and
+// lane the thread's register lands in decode, through the convert kernel's own
+// SlabDqOrder, to the same row and column, and the element offset is that
+// group's slot; the adding key blocks are those whose keys the query block
+// sees, last first in deterministic mode under a causal mask.
+template <int HeadDim>
+void check_backward_layout(bool causal, bool deterministic) {
+  using Tr = typename fa3_wgmma_sm90::DefaultBwdTraits<HeadDim>::type;
+  ProblemSpec spec;
+  spec.kernel = "fa3_wgmma_sm90";
+  spec.batch = 2;
+  spec.heads = 4;
+  spec.kv_heads = 2;
+  spec.seqlen_q = 300;
+  spec.seqlen_k = 257;
+  spec.head_dim = HeadDim;
+  spec.dtype = at::kBFloat16;
+  spec.causal = causal;
+  const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
+  std::set<std::pair<int, int>> key_slots, query_slots;
+  for (int row = 0; row < Tr::kBlockN; ++row)
+    for (int col = 0; col < HeadDim; ++col) {
+      const BackwardElementLocation at = locate_backward_element(kernel, spec, deterministic, 1, 3, row, col);
+      ASSERT_TRUE(at.keys_unavailable.empty()) << at.keys_unavailable;
+      EXPECT_EQ(at.key_block_cta[1], 1);
+      EXPECT_EQ(at.key_block_cta[2], 1);
+      ASSERT_EQ(at.dk.index.size(), 1u);
+      EXPECT_TRUE(key_slots.insert({at.dk.thread[0], at.dk.index[0]}).second) << row << "," << col;
+      // Back through the kernel's acc_dk[n * 4 + h * 2 + e] pattern.
+      const int consumer = at.dk.thread[0] / 128 - 1, warp = at.dk.thread[0] % 128 / 32, lane = at.dk.lane;
+      const int n = at.dk.index[0] / 4, h = at.dk.index[0] % 4 / 2, e = at.dk.index[0] % 2;
+      EXPECT_EQ(consumer * 64 + warp * 16 + lane / 4 + 8 * h, row);
+      EXPECT_EQ(n * 8 + lane % 4 * 2 + e, col);
+      EXPECT_EQ(at.dv.thread[0], at.dk.thread[0]);
+      if (row >= Tr::kBlockM) continue;
+      ASSERT_TRUE(at.queries_unavailable.empty());
+      EXPECT_TRUE(query_slots.insert({at.dq.thread[0], at.dq.index[0]}).second) << row << "," << col;
+      const int slab = at.dq.thread[0] / 128 - 1, dq_warp = at.dq.thread[0] % 128 / 32;
+      const int dq_n = at.dq.index[0] / 4, slot = at.dq.index[0] % 4;
+      const int group = slab * 32 + dq_n * 4 + dq_warp;
+      const FragmentOrigin origin = fa3_wgmma_sm90::SlabDqOrder<Tr>::origin(group, at.dq.lane);
+      EXPECT_EQ(origin.row + 8 * (slot / 2), row);
+      EXPECT_EQ(origin.col + slot % 2, col);
+      EXPECT_EQ(at.dq_accum_element, (group * 32 + at.dq.lane) * 4 + slot);
+    }
+  EXPECT_EQ(static_cast<int>(key_slots.size()), Tr::kBlockN * HeadDim);
+  // The adding key blocks of query row 200's block.
+  const BackwardElementLocation at = locate_backward_element(kernel, spec, deterministic, 0, 2, 200, 1);
+  const int m0 = 200 / Tr::kBlockM * Tr::kBlockM;
+  const int last_key = causal ? std::min(spec.seqlen_k - 1, std::min(m0 + Tr::kBlockM, 300) - 1 + 257 - 300)
+                              : spec.seqlen_k - 1;
+  std::vector<int> expected;
+  for (int n = 0; n <= last_key / Tr::kBlockN; ++n) expected.push_back(n);
+  if (deterministic && causal) std::reverse(expected.begin(), expected.end());
+  EXPECT_EQ(at.adding_key_blocks, expected);
+  EXPECT_EQ(at.dq_ordered, deterministic);
+  // Deterministic under a causal mask the grid runs from the last key block down.
+  const BackwardElementLocation key = locate_backward_element(kernel, spec, deterministic, 0, 2, 5, 1);
+  EXPECT_EQ(key.key_block_cta[0], deterministic && causal ? 2 : 0);  // 3 key blocks: block 0 runs last
+}
+
+TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {
+  for (const bool causal : {false, true})
+    for (const bool deterministic : {false, true}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "full") + (deterministic ? ", deterministic" : ""));
+      check_backward_layout<64>(causal, deterministic);
+      check_backward_layout<128>(causal, deterministic);
+    }
+}
+
+TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {
+  ProblemSpec spec;
+  spec.kernel = "fa3_wgmma_sm90";
+  spec.batch = 1;
+  spec.heads = 2;
+  spec.kv_heads = 2;
+  spec.seqlen_q = 113;
+  spec.seqlen_k = 203;
+  spec.head_dim = 128;
+  spec.dtype = at::kBFloat16;
+  const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
+  const BackwardElementLocation past_queries = locate_backward_element(kernel, spec, false, 0, 1, 150, 3);
+  EXPECT_TRUE(past_queries.keys_unavailable.empty());
+  EXPECT_NE(past_queries.queries_unavailable.find("past batch entry 0's 113 query rows"), std::string::npos);
+  const BackwardElementLocation past_keys = locate_backward_element(kernel, spec, false, 0, 1, 250, 3);
+  EXPECT_NE(past_keys.keys_unavailable.find("past batch entry 0's 203 keys"), std::string::npos);
+  // Both stops' markers are in the kernel source, and the text names their lines.
+  const BackwardElementLocation at = locate_backward_element(kernel, spec, true, 0, 1, 100, 3);
+  ASSERT_EQ(at.stops.size(), 2u);
+  const std::string text = format_backward_location(kernel, spec, true, 0, 1, 100, 3);
+  for (const CudaGdbStop& stop : at.stops) {
+    const int line = marker_line(at.source, stop.marker, stop.line_offset);
+    EXPECT_GT(line, 0) << stop.marker;
+    EXPECT_NE(text.find("fa3_wgmma_sm90_bwd_kernel.cuh:" + std::to_string(line) + " if "), std::string::npos)
+        << text;
+  }
+  EXPECT_NE(text.find("--backward --deterministic --repeat 0"), std::string::npos) << text;
+  // A kernel without the hook says so.
+  EXPECT_THROW(locate_backward_element(kernel_named("fa2_mma_sm80"), spec, false, 0, 0, 0, 0), c10::Error);
 }
 
 }  // namespace

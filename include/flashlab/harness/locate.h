@@ -40,4 +40,16 @@ std::string format_location(const KernelVariant& kernel, const ProblemSpec& spec
                             int head, int row, std::optional<int> col,
                             const std::string& program = "build/debug/flashlab-run");
 
+// The backward (flashlab-run --backward --locate B,H,ROW[,COL]): the kernel's
+// backward_locate hook on the spec's backward parameter block (deterministic
+// or not), built on the host; throws c10::Error when the kernel has no hook or
+// batch, head or col are out of range.
+BackwardElementLocation locate_backward_element(const KernelVariant& kernel, const ProblemSpec& spec,
+                                                bool deterministic, int batch, int head, int row, int col);
+// Its text: where dK/dV of key row ROW and dQ of query row ROW live, and the
+// cuda-gdb commands that stop there.
+std::string format_backward_location(const KernelVariant& kernel, const ProblemSpec& spec, bool deterministic,
+                                     int batch, int head, int row, std::optional<int> col,
+                                     const std::string& program = "build/debug/flashlab-run");
+
 }  // namespace flashlab

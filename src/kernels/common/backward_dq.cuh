@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "common/mma_accumulator_layout.h"  // FragmentOrigin
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
 #include "flashlab/kernel_params.h"
@@ -31,11 +32,6 @@ namespace flashlab {
 
 using sm80::pack2;
 using sm80::unpack2;
-
-// Where a fragment group's lane has its value 0 in the block (row, column).
-struct FragmentOrigin {
-  int row, col;
-};
 
 inline constexpr int kBwdAuxThreads = 128;  // the preprocess kernel (the convert kernel: kConvertThreads)
 

@@ -30,4 +30,11 @@ FLASHLAB_HOST_DEVICE inline AccumulatorPosition accumulator_position(int row_in_
   return position;
 }
 
+// Where a lane's value 0 of one accumulator fragment group sits in a block
+// (row, column): the backward's dq accumulator orders (common/backward_dq.cuh)
+// map each 128-float group back to it; values 1..3 follow the slots above.
+struct FragmentOrigin {
+  int row, col;
+};
+
 }  // namespace flashlab

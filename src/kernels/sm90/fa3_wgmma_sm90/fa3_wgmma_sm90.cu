@@ -181,7 +181,8 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
 TileShape backward_tile_shape(const AttentionBackwardParams& params) {
   TileShape shape;
   FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim, [&] {
-    shape = {kHeadDim <= 64 ? 128 : 64, 128};  // DefaultBwdTraits (fa3_wgmma_sm90_bwd_kernel.cuh)
+    using Tr = typename DefaultBwdTraits<kHeadDim>::type;
+    shape = {Tr::kBlockM, Tr::kBlockN};
   });
   return shape;
 }
@@ -263,6 +264,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.backward_workspace_bytes = fa3_wgmma_sm90::backward_workspace_bytes;
   variant.backward_launch = backward_launch;
   variant.backward_tile_shape = fa3_wgmma_sm90::backward_tile_shape;
+  variant.backward_locate = fa3_wgmma_sm90::locate_backward;
   return variant;
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/static_switch.h"
+#include "common/mma_accumulator_layout.h"  // FragmentOrigin
 #include "common/tile_scheduler.h"
 #include "flashlab/kernel_params.h"
 #include "flashlab/kernel_registry.h"  // TileShape
@@ -92,6 +93,80 @@ template <int HeadDim> struct DefaultTraits;
 template <int HeadDim>
 struct DefaultTraits {
   using type = Traits<HeadDim, (HeadDim <= 128 ? 128 : 80), 2, true, (HeadDim <= 64 ? 3 : 2)>;
+};
+
+// ---------------------------------------------------------------------------
+// The backward's tiling (fa3_wgmma_sm90_bwd_kernel.cuh; the algorithm is
+// described there).
+template <int HeadDim, int BlockM, int Stages = 2>
+struct BwdTraits {
+  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kBlockM = BlockM;  // query rows a step
+  static constexpr int kBlockN = 128;     // keys a CTA: 64 a consumer warpgroup
+  static constexpr int kStages = Stages;  // Q and dO rings
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
+  static constexpr int kQTileBytes = BlockM * HeadDim * 2;
+  static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
+  static constexpr int kDsTileBytes = kBlockN * BlockM * 2;  // dS^T: keys as rows
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters =
+      (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * kConsumers) / 8 * 8;
+  // Each consumer's dQ slab is 64 rows x 64 columns: split along the head dim
+  // when the block has 64 rows, along the rows when it has 128.
+  static constexpr bool kDqSplitsColumns = BlockM == 64;
+  static constexpr int kDqSlabFloats = 64 * 64;
+  // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
+  // w's slab staged (w's 128 threads arrive, the writer warp syncs); the
+  // writer has read w's slab (the writer arrives, w's threads sync).
+  static constexpr int kDsStoredBarrier = 1;
+  static constexpr int kDqFullBarrier = 2;   // + consumer
+  static constexpr int kDqEmptyBarrier = 4;  // + consumer
+  // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
+  // of the rows, then the barriers; +1024 to align the base for the swizzle.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kKVTileBytes;
+  static constexpr int kQOffset = kVOffset + kKVTileBytes;
+  static constexpr int kDoOffset = kQOffset + Stages * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + Stages * kQTileBytes;
+  // The rows' LSE_log2 then D, two steps' worth (the consumers fill the next
+  // step's while this one's are read).
+  static constexpr int kStatsOffset = kDsOffset + 2 * kDsTileBytes;
+  static constexpr int kStatsFloats = 2 * BlockM;  // a step's
+  // Deterministic mode: each consumer's dQ slab (float32, fragment order) for the writer warp.
+  static constexpr int kDqStageOffset = kStatsOffset + 2 * kStatsFloats * 4;
+  static constexpr int kDqSlabBytes = 64 * 64 * 4;
+  static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
+  static constexpr int kBarriers = 1 + 4 * Stages;  // kv full; q, do full/empty a stage
+  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
+  static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");
+  static_assert(kConsumerRegisters == 240, "two consumers at 240 registers");
+  static_assert(64 * 64 * kConsumers == BlockM * HeadDim, "two 64 x 64 dQ slabs tile the block");
+};
+
+// FA3's sm90 tiles: 128 x 128 at head_dim 64, 64 x 128 at 128.
+template <int HeadDim>
+struct DefaultBwdTraits {
+  using type = BwdTraits<HeadDim, (HeadDim <= 64 ? 128 : 64)>;
+};
+
+// The accumulator's fragment order (backward_dq.cuh): block = 2 slabs of
+// 64 x 64, slab w = consumer w's dQ; group g of a slab = (n8 column tile
+// g / 4, warp g % 4): the 32 registers of a wgmma m64n64 accumulator, four at
+// a time, each warp's four values of one column tile together (512 bytes).
+template <class Tr>
+struct SlabDqOrder {
+  static constexpr int kBlockM = Tr::kBlockM;
+  static constexpr int kHeadDim = Tr::kHeadDim;
+  FLASHLAB_HOST_DEVICE static FragmentOrigin origin(int group, int lane) {
+    const int slab = group / 32, n = group / 4 % 8, warp = group % 4;
+    const int row0 = Tr::kDqSplitsColumns ? 0 : slab * 64;
+    const int col0 = Tr::kDqSplitsColumns ? slab * 64 : 0;
+    return {row0 + warp * 16 + lane / 4, col0 + n * 8 + (lane % 4) * 2};
+  }
 };
 
 // Empty when the kernel can run the problem (dtype, head_dim in HeadDims, GQA

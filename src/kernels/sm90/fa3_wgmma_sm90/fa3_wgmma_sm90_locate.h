@@ -17,4 +17,9 @@ ElementLocation locate(const AttentionParams& params, int batch, int head, int r
 ElementLocation locate_on(const AttentionParams& params, int batch, int head, int row, int col,
                           int multiprocessors, int l2_bytes);
 
+// The backward's (fa3_wgmma_sm90_bwd_locate.cpp): dK/dV of key row `row`
+// (kv head head / group) and dQ of query row `row` (head `head`).
+BackwardElementLocation locate_backward(const AttentionBackwardParams& params, int batch, int head, int row,
+                                        int col);
+
 }  // namespace flashlab::fa3_wgmma_sm90

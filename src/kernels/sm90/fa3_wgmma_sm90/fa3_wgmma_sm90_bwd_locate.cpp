@@ -1,0 +1,169 @@
+// fa3_wgmma_sm90's backward: where dK/dV of a key row and dQ of a query row
+// live while fa3_backward_kernel runs (fa3_wgmma_sm90_bwd_kernel.cuh), for the
+// default backward tiling of the head dim (KernelVariant::backward_locate).
+// Host only, layout arithmetic:
+//
+//   grid (key blocks of the longest sequence, kv heads, batch); key block n is
+//   blockIdx.x = n, or, deterministic under a right-bounded mask (causal,
+//   windows), the sequence's key blocks - 1 - n. Consumer warpgroup
+//   1 + (key % 128) / 64 owns the key, warp (key % 64) / 16 its 16-row slab:
+//   acc_dk / acc_dv[n * 4 + h * 2 + e] hold column 8 n + 2 t + e of the slab's
+//   row group + 8 h (common/mma_accumulator_layout.h), dK unscaled.
+//   dQ: each consumer owns a 64 x 64 slab of the query block (SlabDqOrder):
+//   acc_dq[n * 4 + slot] of thread (warp, lane) goes to accumulator group
+//   slab * 32 + n * 4 + warp, float (group * 32 + lane) * 4 + slot.
+#include <algorithm>
+#include <string>
+
+#include "common/locate_layout.h"
+#include "common/mma_accumulator_layout.h"
+#include "common/sequence_view.h"
+#include "common/visible_keys.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90_locate.h"
+
+namespace flashlab::fa3_wgmma_sm90 {
+namespace {
+
+// A consumer thread's register slot: consumer warpgroup, warp, lane.
+RegisterSlot consumer_slot(int consumer, int warp, int lane, const std::string& array, int index) {
+  RegisterSlot slot;
+  slot.thread[0] = 128 * (1 + consumer) + warp * 32 + lane;
+  slot.warp = slot.thread[0] / 32;
+  slot.lane = lane;
+  slot.name = array + "[" + std::to_string(index) + "]";
+  slot.index = {index};
+  return slot;
+}
+
+template <class Tr>
+BackwardElementLocation locate_backward_with(const AttentionBackwardParams& params, int batch, int head,
+                                             int row, int col) {
+  BackwardElementLocation location;
+  location.source = kernel_source_beside(__FILE__, "fa3_wgmma_sm90_bwd_kernel.cuh");
+  const SequenceView view = sequence_view(params, batch);
+  const int group = params.heads / params.kv_heads, kv_head = head / group;
+  const bool descending = params.deterministic && params.window_right >= 0;
+  location.grid[0] = (params.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  location.grid[1] = params.kv_heads;
+  location.grid[2] = params.batch;
+  location.block_threads[0] = Tr::kThreads;
+  location.block_threads[1] = location.block_threads[2] = 1;
+  location.block_q = Tr::kBlockM;
+  location.block_k = Tr::kBlockN;
+  const int key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  const auto cta_of = [&](int n_block) { return descending ? key_blocks - 1 - n_block : n_block; };
+
+  // dK / dV of key row `row`.
+  if (row < 0 || row >= view.seqlen_k) {
+    location.keys_unavailable = "key row " + std::to_string(row) + " is past batch entry " +
+                                std::to_string(batch) + "'s " + std::to_string(view.seqlen_k) + " keys";
+  } else {
+    location.key_block = row / Tr::kBlockN;
+    location.key_block_cta[0] = cta_of(location.key_block);
+    location.key_block_cta[1] = kv_head;
+    location.key_block_cta[2] = batch;
+    const int in_block = row % Tr::kBlockN;
+    const int consumer = in_block / 64, warp = in_block % 64 / 16;
+    const AccumulatorPosition position = accumulator_position(in_block % 16, col % 8);
+    const int index = col / 8 * 4 + position.slot;
+    location.dk = consumer_slot(consumer, warp, position.lane, "acc_dk", index);
+    location.dv = consumer_slot(consumer, warp, position.lane, "acc_dv", index);
+    location.key_note = "float32 sums over the walk, consumer warpgroup " + std::to_string(1 + consumer) +
+                        "; stored as dK = acc_dk * softmax_scale, dV = acc_dv (4-byte stores, the input dtype)";
+    const int n0 = location.key_block * Tr::kBlockN;
+    const int keys_here = std::min(Tr::kBlockN, view.seqlen_k - n0);
+    const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, view.seqlen_q, view.seqlen_k,
+                                               params.window_left, params.window_right);
+    if (rows.empty()) {
+      location.walk_note = "no query row sees key block " + std::to_string(location.key_block) +
+                           ": the block walks nothing and stores zeros";
+    } else {
+      const int first = rows.first / Tr::kBlockM, last = rows.last / Tr::kBlockM;
+      location.walk_note = "query blocks " + std::to_string(first) + ".." + std::to_string(last) +
+                           " (ascending) of head " + std::to_string(kv_head * group) +
+                           (group > 1 ? ", then of heads " + std::to_string(kv_head * group + 1) + ".." +
+                                            std::to_string(kv_head * group + group - 1) + " in turn"
+                                      : std::string()) +
+                           ": " + std::to_string((last - first + 1) * group) + " steps";
+    }
+  }
+
+  // dQ of query row `row`.
+  if (row < 0 || row >= view.seqlen_q) {
+    location.queries_unavailable = row_past_sequence(view, batch, row);
+    return location;
+  }
+  location.query_block = row / Tr::kBlockM;
+  const int m0 = location.query_block * Tr::kBlockM;
+  const KeyRange keys = visible_keys_of_rows(m0, std::min(m0 + Tr::kBlockM, view.seqlen_q) - 1, view.seqlen_q,
+                                             view.seqlen_k, params.window_left, params.window_right);
+  location.dq_ordered = params.deterministic;
+  if (!keys.empty()) {
+    const int first = keys.first / Tr::kBlockN, last = keys.last / Tr::kBlockN;
+    if (descending)
+      for (int n = last; n >= first; --n) location.adding_key_blocks.push_back(n);
+    else
+      for (int n = first; n <= last; ++n) location.adding_key_blocks.push_back(n);
+  }
+  const int in_block = row % Tr::kBlockM;
+  const int slab = Tr::kDqSplitsColumns ? col / 64 : in_block / 64;
+  const FragmentOrigin slab_origin{Tr::kDqSplitsColumns ? 0 : slab * 64, Tr::kDqSplitsColumns ? slab * 64 : 0};
+  const int r = in_block - slab_origin.row, c = col - slab_origin.col;
+  const int warp = r / 16, n = c / 8;
+  const AccumulatorPosition position = accumulator_position(r % 16, c % 8);
+  location.dq = consumer_slot(slab, warp, position.lane, "acc_dq", n * 4 + position.slot);
+  const int fragment_group = slab * 32 + n * 4 + warp;
+  location.dq_accum_element = static_cast<int64_t>(m0) * params.head_dim + (fragment_group * 32 + position.lane) * 4 +
+                              position.slot;
+  location.dq_note =
+      "float32, this step's slab of the query block (unscaled: dq = softmax_scale * the sum); " +
+      std::string(params.deterministic
+                      ? "staged in shared memory and added by the writer warp (threads 32..63) with a bulk "
+                        "reduce-add once the slab's semaphore reaches the block's rank"
+                      : "added with red.global.add.v4.f32 from these registers, in whatever order the blocks "
+                        "reach it") +
+      "; element " + std::to_string(location.dq_accum_element) +
+      " of the accumulator from the sequence's first row of this head (fragment order), "
+      "converted by the convert kernel";
+
+  // cuda-gdb: the epilogue's store of the key row, and a step's dQ slab.
+  if (location.keys_unavailable.empty()) {
+    CudaGdbStop keys_stop;
+    keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
+    keys_stop.line_offset = 2;  // past the #pragma: the column loop
+    keys_stop.condition = "key == " + std::to_string(row) + " && kv_head == " + std::to_string(kv_head) +
+                          " && batch == " + std::to_string(batch) +
+                          " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
+    keys_stop.prints = {location.dk.name + " * p.softmax_scale", location.dv.name};
+    keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";
+    location.stops.push_back(keys_stop);
+  }
+  if (!location.adding_key_blocks.empty()) {
+    CudaGdbStop dq_stop;
+    dq_stop.marker = "cuda-gdb: this step's dQ slab";
+    dq_stop.condition = "n_block == " + std::to_string(location.adding_key_blocks.front()) + " && head == " +
+                        std::to_string(head) + " && m0 == " + std::to_string(m0) + " && batch == " +
+                        std::to_string(batch) + " && threadIdx.x == " + std::to_string(location.dq.thread[0]);
+    dq_stop.prints = {location.dq.name + " * p.softmax_scale"};
+    dq_stop.what = "key block " + std::to_string(location.adding_key_blocks.front()) +
+                   "'s part of the dQ element (the key blocks' parts sum to it)";
+    location.stops.push_back(dq_stop);
+  }
+  return location;
+}
+
+}  // namespace
+
+BackwardElementLocation locate_backward(const AttentionBackwardParams& params, int batch, int head, int row,
+                                        int col) {
+  BackwardElementLocation location;
+  location.keys_unavailable = location.queries_unavailable =
+      "fa3_wgmma_sm90 has no backward tiling for head_dim " + std::to_string(params.head_dim);
+  FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim, [&] {
+    location = locate_backward_with<typename DefaultBwdTraits<kHeadDim>::type>(params, batch, head, row, col);
+  });
+  return location;
+}
+
+}  // namespace flashlab::fa3_wgmma_sm90

@@ -84,17 +84,24 @@ int marker_line(const std::string& source, const std::string& marker, int offset
   return 0;
 }
 
-ElementLocation locate_element(const KernelVariant& kernel, const ProblemSpec& spec, int batch,
-                               int head, int row, int col) {
-  TORCH_CHECK(kernel.locate != nullptr, "kernel ", kernel.name,
-              " does not describe where its elements live (KernelVariant::locate is not set)");
+namespace {
+// The indices --locate takes, against the problem's shape.
+void check_locate_indices(const ProblemSpec& spec, int batch, int head, int col) {
   const int batches = spec.is_varlen() ? static_cast<int>(spec.seqlens_q.size()) : spec.batch;
   TORCH_CHECK(batch >= 0 && batch < batches, "--locate: batch ", batch, " is out of range; the problem has ",
               batches, spec.is_varlen() ? " sequences" : " batch entries");
   TORCH_CHECK(head >= 0 && head < spec.heads, "--locate: head ", head, " is out of range; the problem has ",
               spec.heads, " heads");
-  TORCH_CHECK(col >= 0 && col < spec.head_dim, "--locate: col ", col,
-              " is out of range; head_dim is ", spec.head_dim);
+  TORCH_CHECK(col >= 0 && col < spec.head_dim, "--locate: col ", col, " is out of range; head_dim is ",
+              spec.head_dim);
+}
+}  // namespace
+
+ElementLocation locate_element(const KernelVariant& kernel, const ProblemSpec& spec, int batch,
+                               int head, int row, int col) {
+  TORCH_CHECK(kernel.locate != nullptr, "kernel ", kernel.name,
+              " does not describe where its elements live (KernelVariant::locate is not set)");
+  check_locate_indices(spec, batch, head, col);
   // The parameter block on the host: shapes and strides only (no values); the
   // batch count does not change strides, so a fixed-length spec is built with one.
   ProblemSpec shape_only = spec;
@@ -214,13 +221,7 @@ BackwardElementLocation locate_backward_element(const KernelVariant& kernel, con
                                                 bool deterministic, int batch, int head, int row, int col) {
   TORCH_CHECK(kernel.backward_locate != nullptr, "kernel ", kernel.name,
               " does not describe where its backward's elements live (KernelVariant::backward_locate is not set)");
-  const int batches = spec.is_varlen() ? static_cast<int>(spec.seqlens_q.size()) : spec.batch;
-  TORCH_CHECK(batch >= 0 && batch < batches, "--locate: batch ", batch, " is out of range; the problem has ",
-              batches, spec.is_varlen() ? " sequences" : " batch entries");
-  TORCH_CHECK(head >= 0 && head < spec.heads, "--locate: head ", head, " is out of range; the problem has ",
-              spec.heads, " heads");
-  TORCH_CHECK(col >= 0 && col < spec.head_dim, "--locate: col ", col, " is out of range; head_dim is ",
-              spec.head_dim);
+  check_locate_indices(spec, batch, head, col);
   ProblemSpec shape_only = spec;
   if (!spec.is_varlen()) shape_only.batch = 1;
   const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);

@@ -321,18 +321,23 @@ TEST(Locate, RunOptionsReproduceTheProblem) {
 // SlabDqOrder, to the same row and column, and the element offset is that
 // group's slot; the adding key blocks are those whose keys the query block
 // sees, last first in deterministic mode under a causal mask.
+ProblemSpec fa3_backward_spec(int batch, int heads, int kv_heads, int seqlen_q, int seqlen_k, int head_dim) {
+  ProblemSpec spec;
+  spec.kernel = "fa3_wgmma_sm90";
+  spec.batch = batch;
+  spec.heads = heads;
+  spec.kv_heads = kv_heads;
+  spec.seqlen_q = seqlen_q;
+  spec.seqlen_k = seqlen_k;
+  spec.head_dim = head_dim;
+  spec.dtype = at::kBFloat16;
+  return spec;
+}
+
 template <int HeadDim>
 void check_backward_layout(bool causal, bool deterministic) {
   using Tr = typename fa3_wgmma_sm90::DefaultBwdTraits<HeadDim>::type;
-  ProblemSpec spec;
-  spec.kernel = "fa3_wgmma_sm90";
-  spec.batch = 2;
-  spec.heads = 4;
-  spec.kv_heads = 2;
-  spec.seqlen_q = 300;
-  spec.seqlen_k = 257;
-  spec.head_dim = HeadDim;
-  spec.dtype = at::kBFloat16;
+  ProblemSpec spec = fa3_backward_spec(2, 4, 2, 300, 257, HeadDim);
   spec.causal = causal;
   const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
   std::set<std::pair<int, int>> key_slots, query_slots;
@@ -387,15 +392,7 @@ TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {
 }
 
 TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {
-  ProblemSpec spec;
-  spec.kernel = "fa3_wgmma_sm90";
-  spec.batch = 1;
-  spec.heads = 2;
-  spec.kv_heads = 2;
-  spec.seqlen_q = 113;
-  spec.seqlen_k = 203;
-  spec.head_dim = 128;
-  spec.dtype = at::kBFloat16;
+  const ProblemSpec spec = fa3_backward_spec(1, 2, 2, 113, 203, 128);
   const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
   const BackwardElementLocation past_queries = locate_backward_element(kernel, spec, false, 0, 1, 150, 3);
   EXPECT_TRUE(past_queries.keys_unavailable.empty());

@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "flashlab/kernel_registry.h"
+#include "flashlab/cuda_check.h"
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80_locate.h"
 
@@ -266,6 +267,21 @@ fa2_mma_sm80::BackwardWorkspace fa2_mma_sm80::backward_workspace(
         round_up(static_cast<size_t>(params.batch) * workspace.dq_accum_slots * sizeof(int));
   workspace.total_bytes = workspace.slot_first_offset + workspace.slot_first_bytes;
   return workspace;
+}
+
+void fa2_mma_sm80::carve_backward_workspace(AttentionBackwardParams& params, const BackwardWorkspace& workspace,
+                                            size_t total_bytes, const char* kernel) {
+  if (total_bytes > 0 && (params.workspace == nullptr || params.workspace_bytes < total_bytes))
+    throw_cuda_error(cudaErrorInvalidValue, "backward workspace", __FILE__, __LINE__,
+                     std::string(kernel) + "'s backward needs " + std::to_string(total_bytes) +
+                         " bytes of workspace (backward_workspace_bytes); got " +
+                         std::to_string(params.workspace_bytes));
+  unsigned char* const base = static_cast<unsigned char*>(params.workspace);
+  params.softmax_d = reinterpret_cast<float*>(base + workspace.softmax_d_offset);
+  params.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
+  params.dq_accum_batch_stride = workspace.dq_accum_batch_stride;
+  params.dq_accum_row_stride = workspace.dq_accum_row_stride;
+  params.dq_accum_head_stride = workspace.dq_accum_head_stride;
 }
 
 size_t fa2_mma_sm80::backward_workspace_bytes(const AttentionBackwardParams& params) {

@@ -251,6 +251,12 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
                                      int block_n);
 // The same for the default tiling of params.head_dim (the registry's hook).
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);
+// A launch's copy of the block pointed into the caller's workspace: throws
+// (naming `kernel`) unless params.workspace holds total_bytes, then sets
+// softmax_d, dq_accum and the accumulator strides from `workspace`. Host only;
+// shared with fa3_wgmma_sm90's backward, which lays its accumulator out the same.
+void carve_backward_workspace(AttentionBackwardParams& params, const BackwardWorkspace& workspace,
+                              size_t total_bytes, const char* kernel);
 
 // Launches the backward with configuration Tr for params.dtype: the
 // preprocess, main and convert kernels on params.stream. Defined in

@@ -456,18 +456,8 @@ template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {
   AttentionBackwardParams p = params;
   const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
-  if (workspace.total_bytes > 0 &&
-      (p.workspace == nullptr || p.workspace_bytes < workspace.total_bytes))
-    throw_cuda_error(cudaErrorInvalidValue, "fa2_mma_sm80 backward workspace", __FILE__, __LINE__,
-                     "the backward needs " + std::to_string(workspace.total_bytes) +
-                         " bytes of workspace (backward_workspace_bytes); got " +
-                         std::to_string(p.workspace_bytes));
+  carve_backward_workspace(p, workspace, workspace.total_bytes, "fa2_mma_sm80");
   unsigned char* const base = static_cast<unsigned char*>(p.workspace);
-  p.softmax_d = reinterpret_cast<float*>(base + workspace.softmax_d_offset);
-  p.dq_accum = reinterpret_cast<float*>(base + workspace.dq_accum_offset);
-  p.dq_accum_batch_stride = workspace.dq_accum_batch_stride;
-  p.dq_accum_row_stride = workspace.dq_accum_row_stride;
-  p.dq_accum_head_stride = workspace.dq_accum_head_stride;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.batch <= 0 || p.heads <= 0) return;  // nothing to compute
   // seqlen_q = 0: no dq rows, but dk = dv = 0 are still written by the main kernel.

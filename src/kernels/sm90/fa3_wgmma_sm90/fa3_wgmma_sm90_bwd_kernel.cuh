@@ -530,19 +530,9 @@ template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {
   AttentionBackwardParams p = params;
   const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
-  if (workspace.total_bytes > 0 &&
-      (p.workspace == nullptr || p.workspace_bytes < workspace.total_bytes))
-    throw_cuda_error(cudaErrorInvalidValue, "fa3_wgmma_sm90 backward workspace", __FILE__, __LINE__,
-                     "the backward needs " + std::to_string(workspace.total_bytes) +
-                         " bytes of workspace (backward_workspace_bytes); got " +
-                         std::to_string(p.workspace_bytes));
+  fa2_mma_sm80::carve_backward_workspace(p, workspace.dq, workspace.total_bytes, "fa3_wgmma_sm90");
   unsigned char* const base = static_cast<unsigned char*>(p.workspace);
   const fa2_mma_sm80::BackwardWorkspace& dq = workspace.dq;
-  p.softmax_d = reinterpret_cast<float*>(base + dq.softmax_d_offset);
-  p.dq_accum = reinterpret_cast<float*>(base + dq.dq_accum_offset);
-  p.dq_accum_batch_stride = dq.dq_accum_batch_stride;
-  p.dq_accum_row_stride = dq.dq_accum_row_stride;
-  p.dq_accum_head_stride = dq.dq_accum_head_stride;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.batch <= 0 || p.heads <= 0) return;
   const bool has_rows = p.seqlen_q > 0;

@@ -70,6 +70,7 @@
 #include "common/ptx_sm90.h"
 #include "common/sequence_view.h"
 #include "common/visible_keys.h"
+#include "common/wgmma_fragment.h"
 #include "common/wgmma_sm90_generated.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -433,14 +434,9 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
           for (int h = 0; h < 2; ++h) acc_dp[n * 4 + h * 2 + e] = acc_s[n * 4 + h * 2 + e] *
                                                                   (acc_dp[n * 4 + h * 2 + e] - row_d);
         }
-      // P and dS as A fragments: k16 step kk takes query columns 16kk..16kk+15.
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          p_frag[kk][r] = pack2<Element>(acc_s[kk * 8 + r * 2], acc_s[kk * 8 + r * 2 + 1]);
-          ds_frag[kk][r] = pack2<Element>(acc_dp[kk * 8 + r * 2], acc_dp[kk * 8 + r * 2 + 1]);
-        }
+      // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
+      sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
+      sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
       unsigned char* ds_tile = smem + Tr::kDsOffset + ds_buffer * Tr::kDsTileBytes;
       store_ds(ds_tile);
       sm90::fence_proxy_async_shared();

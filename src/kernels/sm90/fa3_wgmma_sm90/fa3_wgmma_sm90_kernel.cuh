@@ -56,6 +56,7 @@
 #include "common/tile_trace.h"
 #include "common/mask.h"
 #include "common/visible_keys.h"
+#include "common/wgmma_fragment.h"
 #include "common/wgmma_sm90_generated.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -413,15 +414,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
   };
   // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
-  auto convert_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      p_frag[kk][0] = pack2<Element>(acc_s[kk * 8 + 0], acc_s[kk * 8 + 1]);
-      p_frag[kk][1] = pack2<Element>(acc_s[kk * 8 + 2], acc_s[kk * 8 + 3]);
-      p_frag[kk][2] = pack2<Element>(acc_s[kk * 8 + 4], acc_s[kk * 8 + 5]);
-      p_frag[kk][3] = pack2<Element>(acc_s[kk * 8 + 6], acc_s[kk * 8 + 7]);
-    }
-  };
+  auto convert_p = [&] { sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag); };
   // Pingpong: the two consumers take turns to issue their GEMMs (named
   // barriers 1 and 2), so one's softmax runs under the other's matmuls.
   auto wait_turn = [&] {

@@ -28,6 +28,8 @@ __device__ __forceinline__ void accumulator_to_a_fragments(const float (&accumul
 
 // Iteration `iteration` of a ring of kStages slots: its slot, and the parity
 // of the phase its mbarriers complete (flipping each time the ring wraps).
+// (The backward's rings use it; the forward's own arithmetic stays: written
+// with RingSlot, its SASS changed beyond register names, untimed, session 21.)
 template <int kStages>
 struct RingSlot {
   int stage;

@@ -190,8 +190,7 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   for (int step = 0; step < walk.steps; ++step) {
     const int head = kv_head * group + step / walk.m_count;
     const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
-    const int stage = step % Tr::kStages;
-    const uint32_t phase = (step / Tr::kStages) & 1;
+    const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(step);
     sm90::mbarrier_wait(&bar.q_empty[stage], phase ^ 1);
     sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes);
 #pragma unroll 1
@@ -483,8 +482,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       const int head = kv_head * group + step / walk.m_count;
       const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
       const float next_stats = load_stats(step + 1);
-      const int stage = iteration % Tr::kStages;
-      const uint32_t phase = (iteration / Tr::kStages) & 1;
+      const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(iteration);
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
       const uint32_t do_tile = base + Tr::kDoOffset + stage * Tr::kQTileBytes;
       const int ds_buffer = iteration % 2;

@@ -31,6 +31,30 @@ at::Tensor visibility_mask(int64_t seqlen_q, int64_t seqlen_k, int window_left, 
 
 namespace {
 
+// Softcap and the ALiBi bias on (B, H, Sq, Sk) scaled scores (ScoreModification).
+at::Tensor modified_scores(at::Tensor scores, const ReferenceOptions& options) {
+  const ScoreModification& modification = options.modification;
+  if (modification.softcap != 0.0)
+    scores = at::tanh(scores / modification.softcap) * modification.softcap;
+  if (modification.alibi_slopes.defined()) {
+    const int64_t batch = scores.size(0), heads = scores.size(1);
+    const int64_t seqlen_q = scores.size(2), seqlen_k = scores.size(3);
+    const at::Tensor& slopes = modification.alibi_slopes;
+    TORCH_CHECK((slopes.dim() == 1 && slopes.size(0) == heads) ||
+                    (slopes.dim() == 2 && slopes.size(0) == batch && slopes.size(1) == heads),
+                "alibi_slopes must be (heads) or (batch, heads) = (", heads, ") or (", batch, ", ", heads,
+                "); got ", slopes.sizes());
+    const auto index = at::TensorOptions().dtype(scores.scalar_type()).device(scores.device());
+    const at::Tensor row = at::arange(seqlen_q, index).view({seqlen_q, 1});
+    const at::Tensor key = at::arange(seqlen_k, index).view({1, seqlen_k});
+    const at::Tensor distance = at::abs(row + static_cast<double>(seqlen_k - seqlen_q) - key);  // (Sq, Sk)
+    const at::Tensor slope = slopes.to(scores.device(), scores.scalar_type())
+                                 .view({slopes.dim() == 2 ? batch : 1, heads, 1, 1});
+    scores = scores - slope * distance;
+  }
+  return scores;
+}
+
 // (B, H, Sq, Sk) scaled scores with invisible keys at -inf, and V as (B, H, Sk, D)
 // (GQA: each kv head serves heads / kv_heads query heads), from inputs already
 // in the compute dtype.
@@ -50,10 +74,17 @@ MaskedScores masked_scores(const at::Tensor& q, const at::Tensor& k, const at::T
     value = value.repeat_interleave(heads / kv_heads, 1);
   }
   at::Tensor scores = at::matmul(query, key.transpose(-2, -1)) * options.softmax_scale;
+  scores = modified_scores(scores, options);
   const at::Tensor visible = visibility_mask(seqlen_q, seqlen_k, options.window_left,
                                              options.window_right, q.device());
   scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
   return {scores, value};
+}
+
+// The sink logits as a (1 or B, H, Sq, 1) column of the scores' dtype, from
+// sinks (H) (a leaf of the backward's graph when it has one).
+at::Tensor sink_column(const at::Tensor& sinks, const at::Tensor& scores) {
+  return sinks.to(scores.device(), scores.scalar_type()).view({1, -1, 1, 1}).expand({scores.size(0), scores.size(1), scores.size(2), 1});
 }
 
 }  // namespace
@@ -63,7 +94,10 @@ ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, co
   const auto [scores, value] =
       masked_scores(q.to(options.compute_dtype), k.to(options.compute_dtype),
                     v.to(options.compute_dtype), options);
-  const at::Tensor lse = at::logsumexp(scores, -1, /*keepdim=*/true);
+  const at::Tensor& sinks = options.modification.sinks;
+  // With sinks, the sink's logit joins every row's denominator (and LSE).
+  const at::Tensor lse = at::logsumexp(sinks.defined() ? at::cat({scores, sink_column(sinks, scores)}, -1) : scores,
+                                       -1, /*keepdim=*/true);
   // exp(-inf - (-inf)) is NaN: rows that see no key get probability 0 instead.
   at::Tensor probabilities = at::exp(scores - lse);
   probabilities = at::where(at::isfinite(lse), probabilities, at::zeros_like(probabilities));
@@ -78,27 +112,47 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
     return tensor.detach().to(options.compute_dtype).requires_grad_(true);
   };
   const at::Tensor query = leaf(q), key = leaf(k), value_input = leaf(v);
+  const bool has_sinks = options.modification.sinks.defined();
+  const at::Tensor sinks = has_sinks ? leaf(options.modification.sinks) : at::Tensor();
   at::Tensor out;
   {
     const c10::AutoGradMode enable_grad(true);
     const auto [scores, value] = masked_scores(query, key, value_input, options);
     // A row that sees no key would make softmax (and its gradient) NaN: give it
     // zero scores, then zero its probabilities. Both masks are constants, so
-    // the gradient of such a row is exactly 0.
-    const at::Tensor sees_a_key = at::isfinite(scores).any(-1, /*keepdim=*/true);
-    const at::Tensor safe_scores = at::where(sees_a_key, scores, at::zeros_like(scores));
-    const at::Tensor probabilities = at::softmax(safe_scores, -1) * sees_a_key.to(scores.scalar_type());
+    // the gradient of such a row is exactly 0. With sinks every row has a
+    // finite logit (the sink's): the softmax runs over the keys and the sink,
+    // and the sink's column is dropped (it carries no value).
+    at::Tensor probabilities;
+    if (has_sinks) {
+      const int64_t keys = scores.size(-1);
+      probabilities = at::softmax(at::cat({scores, sink_column(sinks, scores)}, -1), -1).narrow(-1, 0, keys);
+    } else {
+      const at::Tensor sees_a_key = at::isfinite(scores).any(-1, /*keepdim=*/true);
+      const at::Tensor safe_scores = at::where(sees_a_key, scores, at::zeros_like(scores));
+      probabilities = at::softmax(safe_scores, -1) * sees_a_key.to(scores.scalar_type());
+    }
     out = at::matmul(probabilities, value).transpose(1, 2);
   }
-  const auto gradients = torch::autograd::grad({out}, {query, key, value_input},
-                                               {dout.detach().to(options.compute_dtype)});
-  return {gradients[0], gradients[1], gradients[2]};
+  std::vector<at::Tensor> inputs = {query, key, value_input};
+  if (has_sinks) inputs.push_back(sinks);
+  const auto gradients = torch::autograd::grad({out}, inputs, {dout.detach().to(options.compute_dtype)});
+  return {gradients[0], gradients[1], gradients[2], has_sinks ? gradients[3] : at::Tensor()};
 }
 
 namespace {
 
-// Calls visit(q_start, seqlen_q, k_start, seqlen_k) for every sequence of a
-// variable-length batch that has both queries and keys.
+// Sequence `sequence`'s options: ALiBi slopes of shape (batch, heads) become
+// that sequence's row.
+ReferenceOptions sequence_options(const ReferenceOptions& options, int64_t sequence) {
+  ReferenceOptions one = options;
+  const at::Tensor& slopes = options.modification.alibi_slopes;
+  if (slopes.defined() && slopes.dim() == 2) one.modification.alibi_slopes = slopes[sequence];
+  return one;
+}
+
+// Calls visit(sequence, q_start, seqlen_q, k_start, seqlen_k) for every
+// sequence of a variable-length batch that has both queries and keys.
 template <class Visit>
 void for_each_sequence(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                        const Visit& visit) {
@@ -113,7 +167,7 @@ void for_each_sequence(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seql
     const int64_t q_start = starts_q[sequence], seqlen_q = starts_q[sequence + 1] - q_start;
     const int64_t k_start = starts_k[sequence], seqlen_k = starts_k[sequence + 1] - k_start;
     if (seqlen_q == 0 || seqlen_k == 0) continue;
-    visit(q_start, seqlen_q, k_start, seqlen_k);
+    visit(sequence, q_start, seqlen_q, k_start, seqlen_k);
   }
 }
 
@@ -130,11 +184,12 @@ ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor
   at::Tensor out = at::zeros({total_q, heads, head_dim}, options_out);
   at::Tensor lse = at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), options_out);
   for_each_sequence(cu_seqlens_q, cu_seqlens_k,
-                    [&](int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+                    [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start,
+                        int64_t seqlen_k) {
                       const ReferenceOutput one = reference_attention(
                           q.narrow(0, q_start, seqlen_q).unsqueeze(0),
                           k.narrow(0, k_start, seqlen_k).unsqueeze(0),
-                          v.narrow(0, k_start, seqlen_k).unsqueeze(0), options);
+                          v.narrow(0, k_start, seqlen_k).unsqueeze(0), sequence_options(options, sequence));
                       out.narrow(0, q_start, seqlen_q).copy_(one.out.squeeze(0));
                       lse.narrow(1, q_start, seqlen_q).copy_(one.lse.squeeze(0));
                     });
@@ -151,15 +206,17 @@ ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, cons
     return at::zeros(tensor.sizes(), tensor.options().dtype(options.compute_dtype));
   };
   ReferenceGradients gradients{zeros_like_in(q), zeros_like_in(k), zeros_like_in(v)};
+  if (options.modification.sinks.defined()) gradients.dsinks = zeros_like_in(options.modification.sinks);
   for_each_sequence(
       cu_seqlens_q, cu_seqlens_k,
-      [&](int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+      [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
         const auto rows = [](const at::Tensor& tensor, int64_t start, int64_t length) {
           return tensor.narrow(0, start, length).unsqueeze(0);
         };
         const ReferenceGradients one = reference_attention_backward(
             rows(q, q_start, seqlen_q), rows(k, k_start, seqlen_k), rows(v, k_start, seqlen_k),
-            rows(dout, q_start, seqlen_q), options);
+            rows(dout, q_start, seqlen_q), sequence_options(options, sequence));
+        if (one.dsinks.defined()) gradients.dsinks += one.dsinks;
         gradients.dq.narrow(0, q_start, seqlen_q).copy_(one.dq.squeeze(0));
         gradients.dk.narrow(0, k_start, seqlen_k).copy_(one.dk.squeeze(0));
         gradients.dv.narrow(0, k_start, seqlen_k).copy_(one.dv.squeeze(0));

@@ -6,11 +6,27 @@
 
 namespace flashlab {
 
+// Score modifications (issue 33), flash-attn's definitions, applied in this
+// order to the scaled score s = q . k * softmax_scale of row i, key j:
+//   softcap > 0:   s -> softcap * tanh(s / softcap)
+//   alibi_slopes:  s -> s - slope * |i + seqlen_k - seqlen_q - j|   (slope of the
+//                  head, or of the batch entry and head)
+//   the mask (invisible keys -inf), then the softmax, where sinks adds one
+//   logit per head to every row's denominator (the LSE includes it; no value
+//   goes with it, so a row that sees no key has output 0 and LSE = the sink).
+struct ScoreModification {
+  double softcap = 0.0;     // 0: off
+  at::Tensor alibi_slopes;  // (heads) or (batch, heads), float32; undefined: off
+  at::Tensor sinks;         // (heads), float32; undefined: off
+  bool any() const { return softcap != 0.0 || alibi_slopes.defined() || sinks.defined(); }
+};
+
 struct ReferenceOptions {
   double softmax_scale = 1.0;
   int window_left = -1;   // -1: unbounded
   int window_right = -1;  // 0 for causal
   at::ScalarType compute_dtype = at::kFloat;
+  ScoreModification modification;
 };
 
 struct ReferenceOutput {
@@ -25,6 +41,7 @@ ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, co
 
 struct ReferenceGradients {
   at::Tensor dq, dk, dv;  // shapes of q, k, v; compute dtype
+  at::Tensor dsinks;      // (heads), compute dtype, when options.modification.sinks is defined
 };
 
 // dL/dq, dL/dk, dL/dv of reference_attention's output for the upstream gradient

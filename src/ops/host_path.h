@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flashlab/attention.h"
@@ -182,8 +183,9 @@ std::string unpadded_note(const KernelVariant& kernel, int head_dim, HeadDimPadd
 
 // The kernel that runs `params`: "auto" is the first registered kernel that can
 // (else an error listing every kernel's reason), a name is that kernel (else an
-// error with its reason). With padding allowed a kernel is asked at the head
-// dim it pads to.
+// error with its reason), and "NAME,auto" is NAME where it can, else auto (the
+// autograd's choice: the forward's kernel when its backward takes the problem).
+// With padding allowed a kernel is asked at the head dim it pads to.
 template <class Params>
 const KernelVariant& select_mode_kernel(const Params& params, const std::string& kernel_name,
                                         HeadDimPadding padding) {
@@ -192,6 +194,14 @@ const KernelVariant& select_mode_kernel(const Params& params, const std::string&
   const auto reason_for = [&](const KernelVariant& kernel) {
     return pad ? padded_mode_cannot_run_reason(kernel, params) : mode_cannot_run_reason(kernel, params);
   };
+  constexpr std::string_view kOrAuto = ",auto";
+  if (kernel_name.size() > kOrAuto.size() && kernel_name.ends_with(kOrAuto)) {
+    const std::string preferred = kernel_name.substr(0, kernel_name.size() - kOrAuto.size());
+    const KernelVariant* kernel = find_kernel(preferred);
+    TORCH_CHECK(kernel != nullptr, "unknown kernel '", preferred, "'; registered kernels: ",
+                registered_kernel_names(), " (or auto)");
+    return reason_for(*kernel).empty() ? *kernel : select_mode_kernel(params, "auto", padding);
+  }
   // The padding note goes after the reasons when a kernel's head dims ran out.
   const auto ran_out = [&](const KernelVariant& kernel) {
     return pad && Mode::has(kernel) && padded_head_dim(kernel, params.head_dim) <= 0;

@@ -134,8 +134,9 @@ TensorPair fwd_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at:
 // ---------------------------------------------------------------------------
 // Autograd: the forward ops' backward is flashlab::bwd / varlen_bwd with the
 // forward's options, run by the forward's kernel when that kernel has a
-// backward pass that can run the problem, else by "auto" (a kernel's out and lse are plain attention
-// output and natural-log LSE, whichever kernel wrote them). lse has no
+// backward pass that can run the problem ("NAME,auto"), else by "auto" (a
+// kernel's out and lse are plain attention output and natural-log LSE,
+// whichever kernel wrote them). lse has no
 // gradient (as in flash-attn): it is marked non-differentiable. The ops are
 // called through the dispatcher below autograd, so FakeTensor and meta tensors
 // (torch.compile) reach their fake kernels.
@@ -145,7 +146,9 @@ using torch::autograd::variable_list;
 
 std::string backward_kernel(c10::string_view kernel) {
   const KernelVariant* variant = find_kernel(std::string_view(kernel.data(), kernel.size()));
-  return variant != nullptr && variant->backward_launch != nullptr ? std::string(kernel) : "auto";
+  // "NAME,auto": NAME's backward where it takes the problem (e.g. not
+  // fa3_wgmma_sm90 at head_dim 256), else auto (select_mode_kernel).
+  return variant != nullptr && variant->backward_launch != nullptr ? std::string(kernel) + ",auto" : "auto";
 }
 
 template <class Signature>
@@ -213,28 +216,15 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
     const int64_t window_left = data["window_left"].toInt(), window_right = data["window_right"].toInt();
     const std::string kernel = data["kernel"].toStringRef();
     const at::Tensor dout = grads[0].contiguous();
-    const auto run = [&](const std::string& name) {
-      return saved[5].defined()
-                 ? op_handle<VarlenBwdSignature>("flashlab::varlen_bwd")
-                       .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
-                             data["max_seqlen_q"].toInt(), data["max_seqlen_k"].toInt(), softmax_scale, causal,
-                             window_left, window_right, deterministic, name)
-                 : op_handle<BwdSignature>("flashlab::bwd")
-                       .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], softmax_scale, causal,
-                             window_left, window_right, deterministic, name);
-    };
-    TensorTriple gradients;
-    try {
-      gradients = run(kernel);
-    } catch (const c10::Error& error) {
-      // The forward's kernel has a backward, but not for this problem (e.g.
-      // fa3_wgmma_sm90 at head_dim 256): the first kernel whose backward can.
-      if (kernel == "auto" || std::string(error.what_without_backtrace()).find(" cannot run the backward of ") ==
-                                  std::string::npos)
-        throw;
-      gradients = run("auto");
-    }
-    auto [dq, dk, dv] = gradients;
+    auto [dq, dk, dv] =
+        saved[5].defined()
+            ? op_handle<VarlenBwdSignature>("flashlab::varlen_bwd")
+                  .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+                        data["max_seqlen_q"].toInt(), data["max_seqlen_k"].toInt(), softmax_scale, causal,
+                        window_left, window_right, deterministic, kernel)
+            : op_handle<BwdSignature>("flashlab::bwd")
+                  .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], softmax_scale, causal,
+                        window_left, window_right, deterministic, kernel);
     return {dq, dk, dv, {}, {}, {}, {}, {}, {}, {}};
   }
 };

@@ -109,6 +109,23 @@ TEST(HeadDimPadding, AutoPrefersAPaddedTensorCoreKernelOverFa1Scalar) {
   }
 }
 
+// "NAME,auto" (what the autograd asks for the forward's kernel): NAME where its
+// backward takes the problem, else auto; an unknown NAME is still an error.
+TEST(HeadDimPadding, NamedKernelOrAutoFallsBackWhereTheNamedOneCannot) {
+  const Problem fits(80, at::kBFloat16), too_wide(160, at::kBFloat16);
+  EXPECT_EQ(select_backward_kernel(fits.backward(90), "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
+            "fa3_wgmma_sm90");
+  EXPECT_EQ(select_backward_kernel(too_wide.backward(90), "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
+            "fa2_mma_sm80");
+  EXPECT_EQ(select_backward_kernel(fits.backward(80), "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
+            "fa2_mma_sm80");  // not on compute capability 8.0
+  expect_rejected(
+      [&] { select_backward_kernel(too_wide.backward(90), "fa3_wgmma_sm90", HeadDimPadding::allowed); },
+      {"kernel fa3_wgmma_sm90 cannot run the backward of", "head_dim 160", "supports head_dim 64, 128; got 256"});
+  expect_rejected([&] { select_backward_kernel(fits.backward(90), "fa9_imaginary,auto", HeadDimPadding::allowed); },
+                  {"unknown kernel 'fa9_imaginary'"});
+}
+
 // float32: only fa1_scalar takes it, unpadded, up to 128.
 TEST(HeadDimPadding, Float32RunsFa1ScalarUnpadded) {
   for (const int compute_capability : {90, 80}) {

@@ -256,98 +256,6 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
 }
 
 // ---------------------------------------------------------------------------
-// A consumer's element-wise steps and stores on its accumulators (m64nN
-// fragments: this thread's keys are rows first_key and first_key + 8, its
-// query columns 8 n + 2 quad_col + e).
-
-// P^T = exp2(S^T * scale_log2 - LSE_log2 of the column's row), in place; the
-// mask (a column policy: rows that do not see the key) where `masked`.
-template <class Tr>
-__device__ __forceinline__ void transposed_probabilities(float (&acc_s)[Tr::kBlockM / 2], const float* lse_rows,
-                                                         float scale_log2, bool masked, const VisibleKeyMask& mask,
-                                                         int first_key, int m0, int quad_col) {
-  if (masked) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      mask.apply_column<Tr::kBlockM / 8>(first_key + h * 8, m0, quad_col * 2,
-                                         [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
-  }
-#pragma unroll
-  for (int n = 0; n < Tr::kBlockM / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float lse_log2 = lse_rows[n * 8 + quad_col * 2 + e];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float& s = acc_s[n * 4 + h * 2 + e];
-        s = sm80::fast_exp2(fmaf(s, scale_log2, -lse_log2));
-      }
-    }
-}
-
-// dS^T = P^T * (dP^T - D of the column's row), in place of dP^T.
-template <class Tr>
-__device__ __forceinline__ void transposed_score_gradients(const float (&acc_p)[Tr::kBlockM / 2],
-                                                           float (&acc_dp)[Tr::kBlockM / 2], const float* d_rows,
-                                                           int quad_col) {
-#pragma unroll
-  for (int n = 0; n < Tr::kBlockM / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float row_d = d_rows[n * 8 + quad_col * 2 + e];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        acc_dp[n * 4 + h * 2 + e] = acc_p[n * 4 + h * 2 + e] * (acc_dp[n * 4 + h * 2 + e] - row_d);
-    }
-}
-
-// A consumer's 64 x 64 dQ slab (an m64n64 accumulator) in the accumulator's
-// fragment order (SlabDqOrder): float4 n of thread (warp, lane) at group
-// n * 4 + warp. Straight from registers: 16-byte reductions, 512 contiguous
-// bytes a warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
-// the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
-__device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, const float (&acc_dq)[32]) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-    sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
-                        acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
-}
-// The same slab into shared memory, for the writer warp (deterministic mode).
-__device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane, const float (&acc_dq)[32]) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-    *reinterpret_cast<float4*>(staged + ((n * 4 + warp) * 32 + lane) * 4) =
-        make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
-}
-
-// The epilogue: dK * scale and dV of this thread's keys (zeros for a key
-// block no query row sees), 4-byte stores of the keys < seqlen_k.
-template <class Tr, typename Element>
-__device__ __forceinline__ void store_key_gradients(const AttentionBackwardParams& p,
-                                                    const BackwardSequenceView& view, int kv_head, int n0,
-                                                    int key_row0, int quad_col,
-                                                    const float (&acc_dk)[Tr::kHeadDim / 2],
-                                                    const float (&acc_dv)[Tr::kHeadDim / 2]) {
-  Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
-  Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = n0 + key_row0 + h * 8;
-    if (key < view.seqlen_k) {
-      // cuda-gdb: key `key`'s dK and dV sums over the walk, before the store (fa3_wgmma_sm90_bwd_locate.cpp).
-#pragma unroll
-      for (int n = 0; n < Tr::kHeadDim / 8; ++n) {
-        const int col = n * 8 + quad_col * 2;
-        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
-            sm80::pack2<Element>(acc_dk[n * 4 + h * 2] * p.softmax_scale, acc_dk[n * 4 + h * 2 + 1] * p.softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
-            sm80::pack2<Element>(acc_dv[n * 4 + h * 2], acc_dv[n * 4 + h * 2 + 1]);
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
 // A consumer warpgroup: its 64 keys of the block against every query block of the walk.
 template <class Tr, typename Element, bool kDeterministic>
 __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args,
@@ -494,13 +402,36 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
 
       sm90::wgmma_wait<1>();
       sm90::fence_registers(acc_s);
-      const bool masked = n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
+      if (n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          mask.apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
+                                     [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+      }
       const float* lse_rows = stats_smem + (step % 2) * Tr::kStatsFloats;
       const float* d_rows = lse_rows + kBM;
-      transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
+#pragma unroll
+      for (int n = 0; n < kBM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float lse_log2 = lse_rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& s = acc_s[n * 4 + h * 2 + e];
+            s = fast_exp2(fmaf(s, scale_log2, -lse_log2));
+          }
+        }
       sm90::wgmma_wait<0>();
       sm90::fence_registers(acc_dp);
-      transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
+#pragma unroll
+      for (int n = 0; n < kBM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float row_d = d_rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) acc_dp[n * 4 + h * 2 + e] = acc_s[n * 4 + h * 2 + e] *
+                                                                  (acc_dp[n * 4 + h * 2 + e] - row_d);
+        }
       // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
       sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
       sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
@@ -521,24 +452,49 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         // The slab to the writer warp (which adds it in its turn): its staging
         // buffer, once the writer has read the previous one.
         if (step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-        store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes), warp,
-                      lane, acc_dq);
+        float* const staged = reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<float4*>(staged + ((n * 4 + warp) * 32 + lane) * 4) =
+              make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
         sm90::fence_proxy_async_shared();
         sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
       } else {
         // Straight from registers: 16-byte reductions, 512 contiguous bytes a
         // warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
         // the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
-        add_dq_slab(p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
-                        static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats,
-                    warp, lane, acc_dq);
+        float* const slab = p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
+                            static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
+                              acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
 
-    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, quad_col, acc_dk, acc_dv);
+    // Epilogue: dK * scale and dV of this consumer's keys (zeros for a key
+    // block no query row sees), 4-byte stores of the rows < seqlen_k.
+    Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
+    Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = n0 + key_row0 + h * 8;
+      if (key < view.seqlen_k) {
+        // cuda-gdb: key `key`'s dK and dV sums over the walk, before the store (fa3_wgmma_sm90_bwd_locate.cpp).
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          const int col = n * 8 + quad_col * 2;
+          *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+              pack2<Element>(acc_dk[n * 4 + h * 2] * p.softmax_scale,
+                             acc_dk[n * 4 + h * 2 + 1] * p.softmax_scale);
+          *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+              pack2<Element>(acc_dv[n * 4 + h * 2], acc_dv[n * 4 + h * 2 + 1]);
+        }
+      }
+    }
   }
 }
 

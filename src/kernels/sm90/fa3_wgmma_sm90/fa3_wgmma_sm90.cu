@@ -14,7 +14,6 @@
 #include <string>
 
 #include "flashlab/cuda_check.h"
-#include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"  // backward_workspace
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 #include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90_locate.h"
 #include "flashlab/kernel_registry.h"

@@ -139,7 +139,7 @@ struct BwdTraits {
   static constexpr int kDqStageOffset = kStatsOffset + 2 * kStatsFloats * 4;
   static constexpr int kDqSlabBytes = 64 * 64 * 4;
   static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
-  static constexpr int kBarriers = 1 + 4 * Stages;  // kv full; q, do full/empty a stage
+  static constexpr int kBarriers = 1 + 4 * Stages;  // BwdBarriers: kv full; q, do full/empty a stage
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
   static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");

@@ -7,12 +7,11 @@
 // 2. main (this file): one CTA per (key block of 128 keys, kv head, batch).
 //    Three warpgroups.
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
-//    first warp loads K and V once (TMA, one transaction barrier),
-//    then for each query head of the kv head's group and each query block
-//    that sees the keys (visible_rows_of_keys) the Q tile with the rows' LSE
-//    in base 2 and the dO tile with the rows' D, through two-stage rings
-//    (Q + LSE on one barrier, dO + D on another: the TMA bytes plus one
-//    arrival per producer lane, which writes its rows' statistics first).
+//    first thread loads K and V once (TMA, one transaction barrier), then for
+//    each query head of the kv head's group and each query block that sees
+//    the keys (visible_rows_of_keys) the Q and dO tiles, through two-stage
+//    rings. The rows' LSE in base 2 and D are staged in shared memory by the
+//    consumers, a step ahead, under the dS barrier.
 //    Warpgroups 1 and 2 are consumers (240 registers), each owning 64 of the
 //    block's keys, and compute transposed scores so that P and dS land in
 //    registers as the A operands of dV and dK:
@@ -37,15 +36,16 @@
 // Limits: fp16 / bf16, head_dim 64 and 128 (BackwardHeadDims; others run at
 // a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
-// elements (TMA). The dQ writer warp with bulk reduce-adds, the persistent
-// schedule and a TMA-store epilogue are not built.
+// elements (TMA). A persistent schedule and a TMA-store epilogue are not
+// built.
 //
 // Deterministic mode (a separate instantiation): one accumulator, and the key
 // blocks that see a query block add their dQ slabs to it in a fixed order,
 // FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed with
-// the accumulator, counts the key blocks that have added; a consumer waits
-// (one thread acquire-polls, its warpgroup syncs) until the count is its
-// rank, adds, syncs and releases count + 1. Ranks ascend with the key block,
+// the accumulator, counts the key blocks that have added. The consumers stage
+// their slabs in shared memory; the producer warpgroup's second warp (the dQ
+// writer) waits until a slab's count is its key block's rank, adds the slab
+// with one bulk reduce-add, waits for it and releases count + 1. Ranks ascend with the key block,
 // or, where the right edge of the mask bounds the walk (causal, windows),
 // descend from the last key block that sees the query block, with CTAs
 // launched from the last key block down: under a causal mask the key block
@@ -141,7 +141,6 @@ struct BwdBarriers {
   uint64_t* q_empty;
   uint64_t* do_full;
   uint64_t* do_empty;
-  static constexpr int kCount = 1 + 4 * Tr::kStages;
   __device__ explicit BwdBarriers(uint64_t* base)
       : kv_full(base), q_full(base + 1), q_empty(q_full + Tr::kStages), do_full(q_empty + Tr::kStages),
         do_empty(do_full + Tr::kStages) {}

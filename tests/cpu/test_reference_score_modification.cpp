@@ -169,7 +169,7 @@ TEST(ReferenceScoreModification, GradientsMatchFiniteDifferencesAndTheSinkFormul
   const ReferenceOutput forward = reference_attention(p.q, p.k, p.v, p.options);
   const at::Tensor d = (forward.out * p.dout).sum(-1).transpose(1, 2);  // (B, H, Sq)
   const at::Tensor sinks = p.options.modification.sinks.view({1, -1, 1});
-  const at::Tensor formula = -(at::exp(sinks - forward.lse) * d).sum({0, 2});
+  const at::Tensor formula = -(at::exp(sinks - forward.lse) * d).sum(at::IntArrayRef{0, 2});
   EXPECT_TRUE(at::allclose(gradients.dsinks, formula, 1e-10, 1e-12));
 }
 

@@ -42,9 +42,23 @@ inline constexpr int kPreprocessThreadsPerRow = HeadDim / 8 >= 16 ? 16 : HeadDim
 
 // ---------------------------------------------------------------------------
 // 1. D = rowsum(dO * O), float32, one group of kPreprocessThreadsPerRow threads a row.
-template <int HeadDim, typename Element>
+// Where the preprocess writes each row's D: fa2_mma_sm80's layout, softmax_d
+// laid out like the LSE, rows < seqlen_q. A kernel with another layout passes
+// its own destination (rows(view): the rows to write, padding included;
+// store(...): one row's D).
+struct SoftmaxDLikeLse {
+  __device__ int rows(const AttentionBackwardParams&, const BackwardSequenceView& view) const {
+    return view.seqlen_q;
+  }
+  __device__ void store(const AttentionBackwardParams& p, const BackwardSequenceView& view, int batch, int head,
+                        int row, float d) const {
+    p.softmax_d[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row] = d;
+  }
+};
+
+template <int HeadDim, typename Element, class Destination = SoftmaxDLikeLse>
 __global__ void __launch_bounds__(kBwdAuxThreads)
-    backward_preprocess_kernel(const AttentionBackwardParams p) {
+    backward_preprocess_kernel(const AttentionBackwardParams p, const Destination destination = {}) {
   constexpr int kChunks = HeadDim / 8;  // 16-byte chunks a row
   constexpr int kThreadsPerRow = kPreprocessThreadsPerRow<HeadDim>;
   constexpr int kRowsPerBlock = kBwdAuxThreads / kThreadsPerRow;
@@ -53,7 +67,8 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
-  if (static_cast<int>(blockIdx.x) * kRowsPerBlock >= view.seqlen_q) return;  // whole block
+  const int rows = destination.rows(p, view);
+  if (static_cast<int>(blockIdx.x) * kRowsPerBlock >= rows) return;  // whole block
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kThreadsPerRow;
   const int part = threadIdx.x % kThreadsPerRow;
 
@@ -82,8 +97,7 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
 #pragma unroll
   for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if (part == 0 && row < view.seqlen_q)
-    p.softmax_d[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row] = sum;
+  if (part == 0 && row < rows) destination.store(p, view, batch, head, row, sum);
 }
 
 // ---------------------------------------------------------------------------

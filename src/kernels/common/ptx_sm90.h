@@ -69,7 +69,17 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) 
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-// Bulk copies (TMA without a tensor map). `bytes` of float32 from shared
+// Bulk copies (TMA without a tensor map). `bytes` from global to shared
+// memory, completing them on the barrier's transaction count; both addresses
+// 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void bulk_load(void* shared, const void* global, uint32_t bytes, uint64_t* barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_address(shared)),
+      "l"(global), "r"(bytes), "r"(smem_address(barrier))
+      : "memory");
+}
+// And the other way: `bytes` of float32 from shared
 // memory added element-wise to global memory (the reduction happens at L2);
 // both addresses 16-byte aligned, bytes a multiple of 16. Completion is
 // tracked per thread in bulk groups: commit, then wait until at most N groups

@@ -195,14 +195,25 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
   workspace.zeroed_bytes = workspace.dq.dq_accum_bytes;
   if (workspace.total_bytes == 0) return workspace;  // no rows
   workspace.query_blocks = (params.seqlen_q + block_m - 1) / block_m;
+  const auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator
+  // (zeroed with it), then the padded statistics.
+  size_t end = workspace.dq.dq_accum_offset + workspace.dq.dq_accum_bytes;
   if (params.deterministic) {
-    // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator.
-    workspace.semaphore_offset = workspace.dq.dq_accum_offset + workspace.dq.dq_accum_bytes;
-    workspace.semaphore_bytes = static_cast<size_t>(params.batch) * params.heads * workspace.query_blocks * 2 *
-                                sizeof(int);
+    workspace.semaphore_offset = end;
+    workspace.semaphore_bytes =
+        round_up(static_cast<size_t>(params.batch) * params.heads * workspace.query_blocks * 2 * sizeof(int));
     workspace.zeroed_bytes += workspace.semaphore_bytes;
-    workspace.total_bytes = std::max(workspace.total_bytes, workspace.semaphore_offset + workspace.semaphore_bytes);
+    end += workspace.semaphore_bytes;
   }
+  const int64_t rows = params.is_varlen() ? params.total_rows_q : static_cast<int64_t>(params.batch) * params.seqlen_q;
+  workspace.stats_rows = params.is_varlen()
+                             ? (rows + static_cast<int64_t>(params.batch) * block_m + block_m - 1) / block_m * block_m
+                             : static_cast<int64_t>(params.batch) * workspace.query_blocks * block_m;
+  workspace.stats_bytes = round_up(static_cast<size_t>(workspace.stats_rows) * params.heads * sizeof(float));
+  workspace.lse_log2_offset = std::max(end, workspace.dq.total_bytes);
+  workspace.dsum_offset = workspace.lse_log2_offset + workspace.stats_bytes;
+  workspace.total_bytes = workspace.dsum_offset + workspace.stats_bytes;
   return workspace;
 }
 

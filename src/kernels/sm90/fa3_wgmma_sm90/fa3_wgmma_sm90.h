@@ -131,12 +131,11 @@ struct BwdTraits {
   static constexpr int kQOffset = kVOffset + kKVTileBytes;
   static constexpr int kDoOffset = kQOffset + Stages * kQTileBytes;
   static constexpr int kDsOffset = kDoOffset + Stages * kQTileBytes;
-  // The rows' LSE_log2 then D, two steps' worth (the consumers fill the next
-  // step's while this one's are read).
+  // Per ring stage the rows' LSE_log2 (with Q) then D (with dO), bulk-copied.
   static constexpr int kStatsOffset = kDsOffset + 2 * kDsTileBytes;
-  static constexpr int kStatsFloats = 2 * BlockM;  // a step's
+  static constexpr int kStatsFloats = 2 * BlockM;  // a stage's
   // Deterministic mode: each consumer's dQ slab (float32, fragment order) for the writer warp.
-  static constexpr int kDqStageOffset = kStatsOffset + 2 * kStatsFloats * 4;
+  static constexpr int kDqStageOffset = kStatsOffset + Stages * kStatsFloats * 4;
   static constexpr int kDqSlabBytes = 64 * 64 * 4;
   static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
   static constexpr int kBarriers = 1 + 4 * Stages;  // BwdBarriers: kv full; q, do full/empty a stage
@@ -229,11 +228,25 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params);
 // semaphores are contiguous: zeroed_bytes from the accumulator's start.
 struct BackwardWorkspace {
   fa2_mma_sm80::BackwardWorkspace dq;
+  // The rows' LSE in base 2 and D, float32 (heads, stats_rows) each, every
+  // sequence's rows padded to whole query blocks starting on a block boundary
+  // (padded_stats_row0), so the main kernel bulk-copies a block's with its Q
+  // and dO tiles. Written by the preprocess, padding included.
+  size_t lse_log2_offset = 0, dsum_offset = 0, stats_bytes = 0;
+  int64_t stats_rows = 0;
   size_t semaphore_offset = 0, semaphore_bytes = 0;
   int query_blocks = 0;  // ceil(seqlen_q / block_m), seqlen_q the longest sequence
   size_t zeroed_bytes = 0, total_bytes = 0;
 };
 BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n);
+// Where sequence `batch` starts in the padded statistics of a head: a multiple
+// of block_m (FA3's rule for variable lengths: floor((first row + batch *
+// block_m) / block_m) * block_m, so sequences never overlap).
+FLASHLAB_HOST_DEVICE inline int64_t padded_stats_row0(const AttentionParams& params, int64_t q_row0, int batch,
+                                                      int block_m) {
+  if (params.is_varlen()) return (q_row0 + static_cast<int64_t>(batch) * block_m) / block_m * block_m;
+  return static_cast<int64_t>(batch) * ((params.seqlen_q + block_m - 1) / block_m * block_m);
+}
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);
 TileShape backward_tile_shape(const AttentionBackwardParams& params);
 template <int HeadDim>

@@ -81,6 +81,10 @@ namespace flashlab::fa3_wgmma_sm90 {
 struct BwdKernelArguments {
   CUtensorMap q_map, k_map, v_map, do_map;
   AttentionBackwardParams params;
+  // The preprocess's padded statistics (BackwardWorkspace): (heads, stats_rows).
+  const float* lse_log2 = nullptr;
+  const float* dsum = nullptr;
+  int64_t stats_rows = 0;
   // Deterministic mode: int32 (batch, heads, query_blocks, 2 slabs), zeroed.
   int* dq_semaphore = nullptr;
   int query_blocks = 0;  // ceil(max seqlen_q / kBlockM)
@@ -177,6 +181,7 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   const int n0 = n_block * Tr::kBlockN;
   const QueryWalk walk = query_walk<Tr>(p, view, n0);
   if (walk.steps == 0) return;
+  const int64_t stats_row0 = padded_stats_row0(p, view.q_row0, batch, kBM);
   sm90::mbarrier_arrive_expect_tx(bar.kv_full, 2 * Tr::kKVTileBytes);
 #pragma unroll 1
   for (int panel = 0; panel < Tr::kPanels; ++panel) {
@@ -190,18 +195,22 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
     const int head = kv_head * group + step / walk.m_count;
     const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
     const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(step);
+    float* const stats = reinterpret_cast<float*>(smem + Tr::kStatsOffset) + stage * Tr::kStatsFloats;
+    const int64_t stats_row = head * args.stats_rows + stats_row0 + m0;
     sm90::mbarrier_wait(&bar.q_empty[stage], phase ^ 1);
-    sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes);
+    sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes + kBM * 4);
 #pragma unroll 1
     for (int panel = 0; panel < Tr::kPanels; ++panel)
       sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
                         &bar.q_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
+    sm90::bulk_load(stats, args.lse_log2 + stats_row, kBM * 4, &bar.q_full[stage]);
     sm90::mbarrier_wait(&bar.do_empty[stage], phase ^ 1);
-    sm90::mbarrier_arrive_expect_tx(&bar.do_full[stage], Tr::kQTileBytes);
+    sm90::mbarrier_arrive_expect_tx(&bar.do_full[stage], Tr::kQTileBytes + kBM * 4);
 #pragma unroll 1
     for (int panel = 0; panel < Tr::kPanels; ++panel)
       sm90::tma_load_4d(smem + Tr::kDoOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.do_map,
                         &bar.do_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
+    sm90::bulk_load(stats + kBM, args.dsum + stats_row, kBM * 4, &bar.do_full[stage]);
   }
 }
 
@@ -252,6 +261,98 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
     }
   }
   if (lane == 0) sm90::bulk_wait_group<0>();
+}
+
+// ---------------------------------------------------------------------------
+// A consumer's element-wise steps and stores on its accumulators (m64nN
+// fragments: this thread's keys are rows first_key and first_key + 8, its
+// query columns 8 n + 2 quad_col + e).
+
+// P^T = exp2(S^T * scale_log2 - LSE_log2 of the column's row), in place; the
+// mask (a column policy: rows that do not see the key) where `masked`.
+template <class Tr>
+__device__ __forceinline__ void transposed_probabilities(float (&acc_s)[Tr::kBlockM / 2], const float* lse_rows,
+                                                         float scale_log2, bool masked, const VisibleKeyMask& mask,
+                                                         int first_key, int m0, int quad_col) {
+  if (masked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      mask.apply_column<Tr::kBlockM / 8>(first_key + h * 8, m0, quad_col * 2,
+                                         [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+  }
+#pragma unroll
+  for (int n = 0; n < Tr::kBlockM / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float lse_log2 = lse_rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& s = acc_s[n * 4 + h * 2 + e];
+        s = sm80::fast_exp2(fmaf(s, scale_log2, -lse_log2));
+      }
+    }
+}
+
+// dS^T = P^T * (dP^T - D of the column's row), in place of dP^T.
+template <class Tr>
+__device__ __forceinline__ void transposed_score_gradients(const float (&acc_p)[Tr::kBlockM / 2],
+                                                           float (&acc_dp)[Tr::kBlockM / 2], const float* d_rows,
+                                                           int quad_col) {
+#pragma unroll
+  for (int n = 0; n < Tr::kBlockM / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float row_d = d_rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        acc_dp[n * 4 + h * 2 + e] = acc_p[n * 4 + h * 2 + e] * (acc_dp[n * 4 + h * 2 + e] - row_d);
+    }
+}
+
+// A consumer's 64 x 64 dQ slab (an m64n64 accumulator) in the accumulator's
+// fragment order (SlabDqOrder): float4 n of thread (warp, lane) at group
+// n * 4 + warp. Straight from registers: 16-byte reductions, 512 contiguous
+// bytes a warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
+// the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
+__device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, const float (&acc_dq)[32]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+    sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
+                        acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+}
+// The same slab into shared memory, for the writer warp (deterministic mode).
+__device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane, const float (&acc_dq)[32]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+    *reinterpret_cast<float4*>(staged + ((n * 4 + warp) * 32 + lane) * 4) =
+        make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+}
+
+// The epilogue: dK * scale and dV of this thread's keys (zeros for a key
+// block no query row sees), 4-byte stores of the keys < seqlen_k.
+template <class Tr, typename Element>
+__device__ __forceinline__ void store_key_gradients(const AttentionBackwardParams& p,
+                                                    const BackwardSequenceView& view, int kv_head, int n0,
+                                                    int key_row0, int quad_col,
+                                                    const float (&acc_dk)[Tr::kHeadDim / 2],
+                                                    const float (&acc_dv)[Tr::kHeadDim / 2]) {
+  Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
+  Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + key_row0 + h * 8;
+    if (key < view.seqlen_k) {
+      // cuda-gdb: key `key`'s dK and dV sums over the walk, before the store (fa3_wgmma_sm90_bwd_locate.cpp).
+#pragma unroll
+      for (int n = 0; n < Tr::kHeadDim / 8; ++n) {
+        const int col = n * 8 + quad_col * 2;
+        *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
+            sm80::pack2<Element>(acc_dk[n * 4 + h * 2] * p.softmax_scale, acc_dk[n * 4 + h * 2 + 1] * p.softmax_scale);
+        *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
+            sm80::pack2<Element>(acc_dv[n * 4 + h * 2], acc_dv[n * 4 + h * 2 + 1]);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -355,40 +456,15 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     if (lane == 0) sm90::mbarrier_arrive(barrier);
   };
 
-  // The rows' LSE in base 2 (+inf past seqlen_q and for rows that saw no
-  // key: P = 0 there, never NaN) and D (0 past seqlen_q), one value a
-  // consumer thread, loaded a step ahead and stored before the step's dS
-  // barrier, which orders it before the next step's reads (and after the
-  // reads of two steps back). Plain shared stores ordered by named barriers:
-  // compute-sanitizer's racecheck follows those (the producer's stores before
-  // an mbarrier arrival, which it flagged, are gone).
-  const int stats_thread = threadIdx.x - 128;  // 0 .. 255
-  const auto load_stats = [&](int step) {
-    if (step >= walk.steps || stats_thread >= 2 * kBM) return 0.f;
-    const int head = kv_head * group + step / walk.m_count;
-    const int row = (walk.m_begin + step % walk.m_count) * kBM + stats_thread % kBM;
-    const int64_t at = batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row;
-    if (stats_thread >= kBM) return row < view.seqlen_q ? p.softmax_d[at] : 0.f;
-    const float lse = row < view.seqlen_q ? p.lse[at] : -INFINITY;
-    return lse == -INFINITY ? INFINITY : lse * kLog2e;
-  };
-  const auto store_stats = [&](int step, float value) {
-    if (stats_thread < 2 * kBM) stats_smem[(step % 2) * Tr::kStatsFloats + stats_thread] = value;
-  };
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-  if (walk.steps > 0) {
-    store_stats(0, load_stats(0));
-    sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);
-    sm90::mbarrier_wait(kv_full, 0);
-  }
+  if (walk.steps > 0) sm90::mbarrier_wait(kv_full, 0);
   {
     uint32_t iteration = 0;
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + step / walk.m_count;
       const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
-      const float next_stats = load_stats(step + 1);
       const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(iteration);
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
       const uint32_t do_tile = base + Tr::kDoOffset + stage * Tr::kQTileBytes;
@@ -401,36 +477,13 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
 
       sm90::wgmma_wait<1>();
       sm90::fence_registers(acc_s);
-      if (n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1)) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          mask.apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
-                                     [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
-      }
-      const float* lse_rows = stats_smem + (step % 2) * Tr::kStatsFloats;
+      const bool masked = n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
+      const float* lse_rows = stats_smem + stage * Tr::kStatsFloats;
       const float* d_rows = lse_rows + kBM;
-#pragma unroll
-      for (int n = 0; n < kBM / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float lse_log2 = lse_rows[n * 8 + quad_col * 2 + e];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& s = acc_s[n * 4 + h * 2 + e];
-            s = fast_exp2(fmaf(s, scale_log2, -lse_log2));
-          }
-        }
+      transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
       sm90::wgmma_wait<0>();
       sm90::fence_registers(acc_dp);
-#pragma unroll
-      for (int n = 0; n < kBM / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float row_d = d_rows[n * 8 + quad_col * 2 + e];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) acc_dp[n * 4 + h * 2 + e] = acc_s[n * 4 + h * 2 + e] *
-                                                                  (acc_dp[n * 4 + h * 2 + e] - row_d);
-        }
+      transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
       // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
       sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
       sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
@@ -438,7 +491,6 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       store_ds(ds_tile);
       sm90::fence_proxy_async_shared();
       issue_key_gradient(acc_dv, p_frag, do_tile);
-      store_stats(step + 1, next_stats);
       sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
       issue_dq(sm90::smem_address(ds_tile));
       issue_key_gradient(acc_dk, ds_frag, q_tile);
@@ -451,49 +503,24 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         // The slab to the writer warp (which adds it in its turn): its staging
         // buffer, once the writer has read the previous one.
         if (step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-        float* const staged = reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes);
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          *reinterpret_cast<float4*>(staged + ((n * 4 + warp) * 32 + lane) * 4) =
-              make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+        store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes), warp,
+                      lane, acc_dq);
         sm90::fence_proxy_async_shared();
         sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
       } else {
         // Straight from registers: 16-byte reductions, 512 contiguous bytes a
         // warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
         // the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
-        float* const slab = p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
-                            static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats;
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
-                              acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
+        add_dq_slab(p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
+                        static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats,
+                    warp, lane, acc_dq);
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
 
-    // Epilogue: dK * scale and dV of this consumer's keys (zeros for a key
-    // block no query row sees), 4-byte stores of the rows < seqlen_k.
-    Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
-    Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = n0 + key_row0 + h * 8;
-      if (key < view.seqlen_k) {
-        // cuda-gdb: key `key`'s dK and dV sums over the walk, before the store (fa3_wgmma_sm90_bwd_locate.cpp).
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          const int col = n * 8 + quad_col * 2;
-          *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
-              pack2<Element>(acc_dk[n * 4 + h * 2] * p.softmax_scale,
-                             acc_dk[n * 4 + h * 2 + 1] * p.softmax_scale);
-          *reinterpret_cast<uint32_t*>(dv_out + static_cast<int64_t>(key) * p.dv_row_stride + col) =
-              pack2<Element>(acc_dv[n * 4 + h * 2], acc_dv[n * 4 + h * 2 + 1]);
-        }
-      }
-    }
+    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, quad_col, acc_dk, acc_dv);
   }
 }
 
@@ -501,8 +528,10 @@ template <class Tr, typename Element, bool kDeterministic>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_backward_kernel(const __grid_constant__ BwdKernelArguments args) {
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Aligned by pointer arithmetic on smem_raw (not through an integer), so the
+  // compiler keeps knowing the pointers below are shared: LDS/STS for the
+  // stats, dS and the dQ staging, not generic LD/ST (SASS, session 21).
+  unsigned char* smem = smem_raw + ((1024 - (sm90::smem_address(smem_raw) & 1023)) & 1023);
   const BwdBarriers<Tr> barriers(reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset));
   if (threadIdx.x == 0) barriers.init();
   __syncthreads();
@@ -519,6 +548,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 // ---------------------------------------------------------------------------
 // Host: the workspace (BackwardWorkspace at this tiling), then preprocess,
 // main and convert kernels on params.stream.
+// The preprocess's destination (backward_dq.cuh): D and the LSE in base 2
+// (+inf past seqlen_q and for rows that saw no key: P = 0 there, never NaN;
+// D 0 past seqlen_q) of every row of the sequence's padded query blocks.
+struct PaddedRowStats {
+  float* lse_log2;
+  float* dsum;
+  int64_t stats_rows;
+  int block_m;
+  __device__ int rows(const AttentionBackwardParams&, const BackwardSequenceView& view) const {
+    return (view.seqlen_q + block_m - 1) / block_m * block_m;
+  }
+  __device__ void store(const AttentionBackwardParams& p, const BackwardSequenceView& view, int batch, int head,
+                        int row, float d) const {
+    const int64_t at = head * stats_rows + padded_stats_row0(p, view.q_row0, batch, block_m) + row;
+    const float lse = row < view.seqlen_q
+                          ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row]
+                          : -INFINITY;
+    lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    dsum[at] = d;
+  }
+};
+
 template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {
   AttentionBackwardParams p = params;
@@ -529,13 +580,16 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.batch <= 0 || p.heads <= 0) return;
   const bool has_rows = p.seqlen_q > 0;
+  const PaddedRowStats stats{reinterpret_cast<float*>(base + workspace.lse_log2_offset),
+                             reinterpret_cast<float*>(base + workspace.dsum_offset), workspace.stats_rows,
+                             Tr::kBlockM};
   // The accumulator and (deterministic) the semaphores after it start at zero.
   if (workspace.zeroed_bytes > 0)
     FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.zeroed_bytes, stream));
   if (has_rows) {
     constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
-    const dim3 grid((p.seqlen_q + kRows - 1) / kRows, p.heads, p.batch);
-    backward_preprocess_kernel<Tr::kHeadDim, Element><<<grid, kBwdAuxThreads, 0, stream>>>(p);
+    const dim3 grid((workspace.query_blocks * Tr::kBlockM + kRows - 1) / kRows, p.heads, p.batch);
+    backward_preprocess_kernel<Tr::kHeadDim, Element><<<grid, kBwdAuxThreads, 0, stream>>>(p, stats);
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward (preprocess)", p);
   }
   if (p.seqlen_k > 0) {
@@ -543,6 +597,9 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.params = p;
     args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + workspace.semaphore_offset) : nullptr;
     args.query_blocks = workspace.query_blocks;
+    args.lse_log2 = stats.lse_log2;
+    args.dsum = stats.dsum;
+    args.stats_rows = stats.stats_rows;
     args.q_map = make_tensor_map(p, tensor_operand(p, Operand::q), Tr::kBlockM);
     args.k_map = make_tensor_map(p, tensor_operand(p, Operand::k), Tr::kBlockN);
     args.v_map = make_tensor_map(p, tensor_operand(p, Operand::v), Tr::kBlockN);

@@ -132,8 +132,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     CudaGdbStop keys_stop;
     keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
     keys_stop.line_offset = 2;  // past the #pragma: the column loop
+    // store_key_gradients' locals: the batch entry is the CTA's z.
     keys_stop.condition = "key == " + std::to_string(row) + " && kv_head == " + std::to_string(kv_head) +
-                          " && batch == " + std::to_string(batch) +
+                          " && blockIdx.z == " + std::to_string(batch) +
                           " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
     keys_stop.prints = {location.dk.name + " * p.softmax_scale", location.dv.name};
     keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "sm80/fa2_mma_sm80/fa2_mma_sm80.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"
 
 namespace flashlab {
 namespace {
@@ -94,6 +95,52 @@ TEST(BackwardSlots, AtLeastTwoWhereThereAreTwoKeyBlocks) {
       params.deterministic = false;
       EXPECT_EQ(fa2_mma_sm80::backward_workspace(params, kBlockM, kBlockN).dq_accum_slots, 1) << problem;
     }
+}
+
+// fa3_wgmma_sm90's deterministic order on rotated walks: for every query block
+// the ranks are 0 .. key blocks - 1, each once, in the order the key blocks
+// reach the block when the CTAs step together (key block n at step
+// (m - n) mod m_count, walking from query block n), so each key block's
+// predecessor got there exactly one step earlier (no staircase).
+TEST(RotatedDqOrder, RanksAreTheLockStepArrivalOrder) {
+  using fa3_wgmma_sm90::rotated_dq_rank;
+  for (int m_count = 1; m_count <= 40; ++m_count)
+    for (int key_blocks = 1; key_blocks <= m_count; ++key_blocks)
+      for (int m = 0; m < m_count; ++m) {
+        std::vector<int> by_rank(key_blocks, -1);
+        for (int n = 0; n < key_blocks; ++n) {
+          const int rank = rotated_dq_rank(m, n, key_blocks, m_count);
+          ASSERT_GE(rank, 0);
+          ASSERT_LT(rank, key_blocks) << "m " << m << ", n " << n << " of " << key_blocks << " x " << m_count;
+          ASSERT_EQ(by_rank[rank], -1) << "rank " << rank << " twice, query block " << m;
+          by_rank[rank] = n;
+        }
+        const auto arrival = [&](int n) { return (m - n + m_count) % m_count; };
+        for (int rank = 1; rank < key_blocks; ++rank)
+          ASSERT_LT(arrival(by_rank[rank - 1]), arrival(by_rank[rank]))
+              << "query block " << m << " of " << m_count << ", " << key_blocks << " key blocks";
+        if (key_blocks == m_count)
+          for (int rank = 1; rank < key_blocks; ++rank)
+            ASSERT_EQ(arrival(by_rank[rank]), arrival(by_rank[rank - 1]) + 1);
+      }
+}
+
+// Rotated walks only without a mask, in deterministic mode, where every
+// key-block CTA of a (kv head, batch) can be resident at once.
+TEST(RotatedDqOrder, OnlyUnmaskedDeterministicGridsThatFit) {
+  AttentionBackwardParams params;
+  params.seqlen_q = params.seqlen_k = 16384;
+  params.deterministic = true;
+  EXPECT_TRUE(fa3_wgmma_sm90::rotates_backward_walks(params, 128, 132));
+  EXPECT_FALSE(fa3_wgmma_sm90::rotates_backward_walks(params, 128, 100));  // 128 key blocks on 100 SMs
+  params.window_right = 0;  // causal
+  EXPECT_FALSE(fa3_wgmma_sm90::rotates_backward_walks(params, 128, 132));
+  params.window_right = -1;
+  params.window_left = 256;
+  EXPECT_FALSE(fa3_wgmma_sm90::rotates_backward_walks(params, 128, 132));
+  params.window_left = -1;
+  params.deterministic = false;
+  EXPECT_FALSE(fa3_wgmma_sm90::rotates_backward_walks(params, 128, 132));
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ struct BwdTraits {
   static constexpr bool kDqSplitsColumns = BlockM == 64;
   static constexpr int kDqSlabFloats = 64 * 64;
   // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
-  // w's slab staged (w's 128 threads arrive, the writer warp syncs); the
+  // w's slab staged (w's 128 threads arrive, w's writer warp syncs); the
   // writer has read w's slab (the writer arrives, w's threads sync).
   static constexpr int kDsStoredBarrier = 1;
   static constexpr int kDqFullBarrier = 2;   // + consumer
@@ -134,7 +134,7 @@ struct BwdTraits {
   // Per ring stage the rows' LSE_log2 (with Q) then D (with dO), bulk-copied.
   static constexpr int kStatsOffset = kDsOffset + 2 * kDsTileBytes;
   static constexpr int kStatsFloats = 2 * BlockM;  // a stage's
-  // Deterministic mode: each consumer's dQ slab (float32, fragment order) for the writer warp.
+  // Deterministic mode: each consumer's dQ slab (float32, fragment order) for its writer warp.
   static constexpr int kDqStageOffset = kStatsOffset + Stages * kStatsFloats * 4;
   static constexpr int kDqSlabBytes = 64 * 64 * 4;
   static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
@@ -248,6 +248,34 @@ FLASHLAB_HOST_DEVICE inline int64_t padded_stats_row0(const AttentionParams& par
   return static_cast<int64_t>(batch) * ((params.seqlen_q + block_m - 1) / block_m * block_m);
 }
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);
+
+// Deterministic mode's order of the dQ additions (fa3_wgmma_sm90_bwd_kernel.cuh,
+// dq_rank). Without a mask every key block sees every query block, and where
+// a sequence has no more key blocks than query blocks and every key-block CTA
+// of a (kv head, batch) fits on the GPU at once (one CTA an SM), each CTA
+// walks its query blocks rotated, from query block n_block (mod the count):
+// stepping together, the key blocks then reach query block m in the order m,
+// m - 1, .., 0, last key block, .., m + 1, and each finds its turn taken one
+// step earlier. (Ascending ranks with every walk starting at query block 0
+// made key block n wait n steps; rotated, a CTA waits for CTAs beside it, so
+// every CTA it waits for runs: hence the SM-count condition.)
+inline bool rotates_backward_walks(const AttentionBackwardParams& params, int block_n, int multiprocessors) {
+  return params.deterministic && params.window_left < 0 && params.window_right < 0 &&
+         (params.seqlen_k + block_n - 1) / block_n <= multiprocessors;
+}
+// Key block n_block's place among the key blocks adding to query block
+// m_block on rotated walks (n_key_blocks <= m_count, both blocks in range).
+FLASHLAB_HOST_DEVICE constexpr int rotated_dq_rank(int m_block, int n_block, int n_key_blocks, int m_count) {
+  const int steps_after = (m_block - n_block + m_count) % m_count;  // n_block reaches m_block this late
+  const int nearest = m_block < n_key_blocks - 1 ? m_block : n_key_blocks - 1;
+  if (steps_after <= m_block) {  // key blocks m_block - steps_after + 1 .. m_block came first
+    const int ahead = nearest - m_block + steps_after;
+    return ahead > 0 ? ahead : 0;
+  }
+  // all of 0 .. nearest, and the wrapped ones from m_count - (steps_after - m_block - 1) up
+  const int wrapped = n_key_blocks - m_count + steps_after - m_block - 1;
+  return nearest + 1 + (wrapped > 0 ? wrapped : 0);
+}
 TileShape backward_tile_shape(const AttentionBackwardParams& params);
 template <int HeadDim>
 void launch_backward_at(const AttentionBackwardParams& params);

@@ -10,8 +10,8 @@
 //    first thread loads K and V once (TMA, one transaction barrier), then for
 //    each query head of the kv head's group and each query block that sees
 //    the keys (visible_rows_of_keys) the Q and dO tiles, through two-stage
-//    rings. The rows' LSE in base 2 and D are staged in shared memory by the
-//    consumers, a step ahead, under the dS barrier.
+//    rings, with the rows' LSE in base 2 and D (written padded to whole
+//    query blocks by the preprocess) bulk-copied onto the same barriers.
 //    Warpgroups 1 and 2 are consumers (240 registers), each owning 64 of the
 //    block's keys, and compute transposed scores so that P and dS land in
 //    registers as the A operands of dV and dK:
@@ -43,14 +43,17 @@
 // blocks that see a query block add their dQ slabs to it in a fixed order,
 // FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed with
 // the accumulator, counts the key blocks that have added. The consumers stage
-// their slabs in shared memory; the producer warpgroup's second warp (the dQ
-// writer) waits until a slab's count is its key block's rank, adds the slab
-// with one bulk reduce-add, waits for it and releases count + 1. Ranks ascend with the key block,
-// or, where the right edge of the mask bounds the walk (causal, windows),
-// descend from the last key block that sees the query block, with CTAs
-// launched from the last key block down: under a causal mask the key block
-// with the fewest query blocks adds first, and a CTA only ever waits for CTAs
-// launched before it, so the wait cannot deadlock. (fa2_mma_sm80's dq slots
+// their slabs in shared memory; the producer warpgroup's warps 1 and 2 (the
+// dQ writers, one per consumer) wait until a slab's count is its key block's
+// rank, add the slab with one bulk reduce-add, hand the buffer back once it is
+// read and release count + 1 once it is added. Without a mask the walks are
+// rotated (key block n starts at query block n) and ranks follow the order in
+// which the key blocks reach a query block (rotates_backward_walks); where the
+// right edge of the mask bounds the walk (causal, windows) ranks descend from
+// the last key block that sees the query block, with CTAs launched from the
+// last key block down, so under a causal mask the key block with the fewest
+// query blocks adds first; otherwise they ascend. A CTA only ever waits for
+// CTAs launched before it or resident beside it, so the wait cannot deadlock. (fa2_mma_sm80's dq slots
 // made each CTA stream a whole dQ copy through HBM per key block: 1.4-1.8x the
 // default mode's time on the H100, session 21.)
 #pragma once
@@ -88,6 +91,7 @@ struct BwdKernelArguments {
   // Deterministic mode: int32 (batch, heads, query_blocks, 2 slabs), zeroed.
   int* dq_semaphore = nullptr;
   int query_blocks = 0;  // ceil(max seqlen_q / kBlockM)
+  bool rotates_walks = false;  // rotates_backward_walks (deterministic mode)
 };
 
 // The key block of this CTA (-1: none, a varlen sequence shorter than the
@@ -103,13 +107,24 @@ __device__ __forceinline__ int cta_key_block(const AttentionBackwardParams& p, i
 }
 
 // The query blocks a key block's CTA walks, and how many steps (blocks x the
-// group's heads): the producer and the consumers compute the same.
+// group's heads): the producer, the consumers and the dQ writers compute the
+// same. A rotated walk (rotates_backward_walks, fa3_wgmma_sm90.h) starts at
+// query block n_block and wraps around.
 struct QueryWalk {
-  int m_begin = 0, m_count = 0, steps = 0;
+  int m_begin = 0, m_count = 0, steps = 0, rotation = 0;
+  bool rotated = false;
+  // The query block (its index) and the group's head (0..group-1) of a step.
+  __device__ int query_block(int step) const {
+    const int i = step % m_count + rotation;
+    return m_begin + (i < m_count ? i : i - m_count);
+  }
+  __device__ int head_in_group(int step) const { return step / m_count; }
 };
 template <class Tr>
-__device__ __forceinline__ QueryWalk query_walk(const AttentionBackwardParams& p,
-                                                const SequenceView& view, int n0) {
+__device__ __forceinline__ QueryWalk query_walk(const BwdKernelArguments& args, const SequenceView& view,
+                                                int n_block) {
+  const AttentionBackwardParams& p = args.params;
+  const int n0 = n_block * Tr::kBlockN;
   QueryWalk walk;
   const int keys_here = min(Tr::kBlockN, view.seqlen_k - n0);
   const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, view.seqlen_q, view.seqlen_k,
@@ -118,15 +133,27 @@ __device__ __forceinline__ QueryWalk query_walk(const AttentionBackwardParams& p
   walk.m_begin = rows.first / Tr::kBlockM;
   walk.m_count = rows.last / Tr::kBlockM + 1 - walk.m_begin;
   walk.steps = walk.m_count * (p.heads / p.kv_heads);
+  const int n_key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (args.rotates_walks && n_key_blocks <= walk.m_count) {
+    walk.rotated = true;
+    walk.rotation = n_block;
+  }
   return walk;
 }
 
-// Deterministic mode: how many key blocks add to query block m0's dQ before
-// key block n_block (dq_semaphore counts up to it). The key blocks that see a
-// query block are one interval (visible_keys_of_rows).
+// Deterministic mode: how many key blocks add to query block m_block's dQ
+// before key block n_block (dq_semaphore counts up to it): on rotated walks
+// the order in which they reach it (rotated_dq_rank, fa3_wgmma_sm90.h);
+// otherwise the key blocks that see a query block are one interval
+// (visible_keys_of_rows), ranks ascend from its first key block, or descend
+// from its last where the mask's right edge bounds the walk.
 template <class Tr>
 __device__ __forceinline__ int dq_rank(const AttentionBackwardParams& p, const SequenceView& view,
-                                      int n_block, int m0) {
+                                      const QueryWalk& walk, int n_block, int m_block) {
+  const int n_key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (walk.rotated)
+    return rotated_dq_rank(m_block, n_block, n_key_blocks, walk.m_count);
+  const int m0 = m_block * Tr::kBlockM;
   const int row_last = min(m0 + Tr::kBlockM, view.seqlen_q) - 1;
   const KeyRange keys = visible_keys_of_rows(m0, row_last, view.seqlen_q, view.seqlen_k, p.window_left,
                                              p.window_right);
@@ -179,7 +206,7 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   const int n_block = cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
   if (n_block < 0) return;
   const int n0 = n_block * Tr::kBlockN;
-  const QueryWalk walk = query_walk<Tr>(p, view, n0);
+  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
   if (walk.steps == 0) return;
   const int64_t stats_row0 = padded_stats_row0(p, view.q_row0, batch, kBM);
   sm90::mbarrier_arrive_expect_tx(bar.kv_full, 2 * Tr::kKVTileBytes);
@@ -192,8 +219,8 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   }
 #pragma unroll 1
   for (int step = 0; step < walk.steps; ++step) {
-    const int head = kv_head * group + step / walk.m_count;
-    const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
+    const int head = kv_head * group + walk.head_in_group(step);
+    const int m0 = walk.query_block(step) * kBM;
     const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(step);
     float* const stats = reinterpret_cast<float*>(smem + Tr::kStatsOffset) + stage * Tr::kStatsFloats;
     const int64_t stats_row = head * args.stats_rows + stats_row0 + m0;
@@ -215,14 +242,17 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
 }
 
 // ---------------------------------------------------------------------------
-// The dQ writer warp of the deterministic mode (the producer warpgroup's
-// second): per step, each consumer's staged slab waits for its turn here, off
-// the consumers' path, and goes to the accumulator as one bulk reduce-add
-// (cp.reduce.async.bulk ... add.f32, 16 KB). (Consumers waiting for the turn
-// themselves: 1.15-1.45x the default mode's time; with the writer 1.05-1.40x,
-// H100, session 21.)
+// The dQ writer warps of the deterministic mode (the producer warpgroup's
+// second and third, one per consumer): per step, the consumer's staged slab
+// waits for its turn here, off the consumers' path, and goes to the
+// accumulator as one bulk reduce-add (cp.reduce.async.bulk ... add.f32, 16
+// KB). The staging buffer goes back to the consumer once the copy has read it;
+// the turn passes on (count + 1) once the addition is done. (Consumers waiting
+// for the turn themselves: 1.15-1.45x the default mode's time; one writer for
+// both slabs, the buffer back after the addition: 1.05-1.40x; H100, session 21.)
 template <class Tr>
-__device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& args, unsigned char* smem) {
+__device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& args, unsigned char* smem,
+                                                   int consumer) {
   const AttentionBackwardParams& p = args.params;
   const int lane = threadIdx.x % 32;
   const int kv_head = blockIdx.y, batch = blockIdx.z;
@@ -230,37 +260,38 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
   const BackwardSequenceView view = backward_sequence_view(p, batch);
   const int n_block = cta_key_block<true>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
   if (n_block < 0) return;
-  const QueryWalk walk = query_walk<Tr>(p, view, n_block * Tr::kBlockN);
+  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
   float* const dq_accum = p.dq_accum + view.dq_accum_offset;
+  const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes;
 #pragma unroll 1
   for (int step = 0; step < walk.steps; ++step) {
-    const int head = kv_head * group + step / walk.m_count;
-    const int m0 = (walk.m_begin + step % walk.m_count) * Tr::kBlockM;
-    float* const block = dq_accum + head * p.dq_accum_head_stride + static_cast<int64_t>(m0) * p.dq_accum_row_stride;
-#pragma unroll 1
-    for (int consumer = 0; consumer < Tr::kConsumers; ++consumer) {
-      sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
-      if (lane == 0) {
-        int* const semaphore =
-            args.dq_semaphore +
-            ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m0 / Tr::kBlockM) * 2 + consumer;
-        const int rank = dq_rank<Tr>(p, view, n_block, m0);
-        while (sm90::load_acquire_gpu(semaphore) != rank) {
-        }
-        sm90::fence_proxy_async_global();
-        sm90::bulk_reduce_add_f32(block + consumer * Tr::kDqSlabFloats,
-                                  smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes, Tr::kDqSlabBytes);
-        sm90::bulk_commit_group();
-        sm90::bulk_wait_group<0>();  // added, not only read: then the next key block's turn
-        sm90::fence_proxy_async_global();
-        sm90::add_release_gpu(semaphore, 1);
+    const int head = kv_head * group + walk.head_in_group(step);
+    const int m_block = walk.query_block(step);
+    float* const slab = dq_accum + head * p.dq_accum_head_stride +
+                        static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
+                        consumer * Tr::kDqSlabFloats;
+    int* const semaphore =
+        args.dq_semaphore + ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) * 2 +
+        consumer;
+    sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
+    if (lane == 0) {
+      const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
+      while (sm90::load_acquire_gpu(semaphore) != rank) {
       }
-      __syncwarp();
-      // The consumer waits for this before staging its next slab (none after the last).
-      if (step + 1 < walk.steps) sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+      sm90::fence_proxy_async_global();
+      sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
+      sm90::bulk_commit_group();
+      sm90::bulk_wait_group_read<0>();
+    }
+    __syncwarp();
+    // The consumer waits for this before staging its next slab (none after the last).
+    if (step + 1 < walk.steps) sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+    if (lane == 0) {
+      sm90::bulk_wait_group<0>();  // added, not only read: then the next key block's turn
+      sm90::fence_proxy_async_global();
+      sm90::add_release_gpu(semaphore, 1);
     }
   }
-  if (lane == 0) sm90::bulk_wait_group<0>();
 }
 
 // ---------------------------------------------------------------------------
@@ -388,7 +419,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   const int n_block = cta_key_block<kDeterministic>(p, n_key_blocks);
   if (n_block < 0) return;
   const int n0 = n_block * kBN;
-  const QueryWalk walk = query_walk<Tr>(p, view, n0);
+  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
   // This consumer's dQ slab: A = dS rows (query panel), B = K columns (head-dim panel).
   const int dq_query_panel = Tr::kDqSplitsColumns ? 0 : consumer;
   const int dq_column_panel = Tr::kDqSplitsColumns ? consumer : 0;
@@ -463,8 +494,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     uint32_t iteration = 0;
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
-      const int head = kv_head * group + step / walk.m_count;
-      const int m0 = (walk.m_begin + step % walk.m_count) * kBM;
+      const int head = kv_head * group + walk.head_in_group(step);
+      const int m0 = walk.query_block(step) * kBM;
       const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(iteration);
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
       const uint32_t do_tile = base + Tr::kDoOffset + stage * Tr::kQTileBytes;
@@ -538,7 +569,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
     if (threadIdx.x == 0) backward_producer<Tr, Element, kDeterministic>(args, smem, barriers);
-    else if (kDeterministic && threadIdx.x >= 32 && threadIdx.x < 64) backward_dq_writer<Tr>(args, smem);
+    else if (kDeterministic && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + Tr::kConsumers))
+      backward_dq_writer<Tr>(args, smem, threadIdx.x / 32 - 1);
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
@@ -597,6 +629,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.params = p;
     args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + workspace.semaphore_offset) : nullptr;
     args.query_blocks = workspace.query_blocks;
+    args.rotates_walks = rotates_backward_walks(p, Tr::kBlockN, fa2_mma_sm80::multiprocessor_count());
     args.lse_log2 = stats.lse_log2;
     args.dsum = stats.dsum;
     args.stats_rows = stats.stats_rows;

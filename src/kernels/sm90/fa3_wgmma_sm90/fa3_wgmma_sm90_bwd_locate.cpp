@@ -53,6 +53,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   location.block_k = Tr::kBlockN;
   const int key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   const auto cta_of = [&](int n_block) { return descending ? key_blocks - 1 - n_block : n_block; };
+  const int query_blocks = (view.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const bool rotated = rotates_backward_walks(params, Tr::kBlockN, fa2_mma_sm80::multiprocessor_count()) &&
+                       key_blocks <= query_blocks;
 
   // dK / dV of key row `row`.
   if (row < 0 || row >= view.seqlen_k) {
@@ -80,8 +83,13 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
                            ": the block walks nothing and stores zeros";
     } else {
       const int first = rows.first / Tr::kBlockM, last = rows.last / Tr::kBlockM;
-      location.walk_note = "query blocks " + std::to_string(first) + ".." + std::to_string(last) +
-                           " (ascending) of head " + std::to_string(kv_head * group) +
+      const int start = location.key_block;  // a rotated walk's first query block
+      const std::string blocks =
+          rotated && start > 0 ? std::to_string(start) + ".." + std::to_string(last) + ", then " +
+                                     std::to_string(first) + ".." + std::to_string(start - 1) +
+                                     " (rotated: the deterministic mode's order without a mask)"
+                               : std::to_string(first) + ".." + std::to_string(last) + " (ascending)";
+      location.walk_note = "query blocks " + blocks + " of head " + std::to_string(kv_head * group) +
                            (group > 1 ? ", then of heads " + std::to_string(kv_head * group + 1) + ".." +
                                             std::to_string(kv_head * group + group - 1) + " in turn"
                                       : std::string()) +
@@ -101,7 +109,11 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   location.dq_ordered = params.deterministic;
   if (!keys.empty()) {
     const int first = keys.first / Tr::kBlockN, last = keys.last / Tr::kBlockN;
-    if (descending)
+    if (rotated) {
+      location.adding_key_blocks.assign(last - first + 1, -1);
+      for (int n = first; n <= last; ++n)
+        location.adding_key_blocks[rotated_dq_rank(location.query_block, n, key_blocks, query_blocks)] = n;
+    } else if (descending)
       for (int n = last; n >= first; --n) location.adding_key_blocks.push_back(n);
     else
       for (int n = first; n <= last; ++n) location.adding_key_blocks.push_back(n);
@@ -119,8 +131,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   location.dq_note =
       "float32, this step's slab of the query block (unscaled: dq = softmax_scale * the sum); " +
       std::string(params.deterministic
-                      ? "staged in shared memory and added by the writer warp (threads 32..63) with a bulk "
-                        "reduce-add once the slab's semaphore reaches the block's rank"
+                      ? "staged in shared memory and added by the slab's writer warp (threads " +
+                            std::to_string(32 * (1 + slab)) + ".." + std::to_string(32 * (2 + slab) - 1) +
+                            ") with a bulk reduce-add once the slab's semaphore reaches the block's rank"
                       : "added with red.global.add.v4.f32 from these registers, in whatever order the blocks "
                         "reach it") +
       "; element " + std::to_string(location.dq_accum_element) +

@@ -580,7 +580,7 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
   // and convert kernels; fa1: preprocess, dk/dv and dq), so few and tiny: the
   // head dims whose tiles differ most (64, 128), ragged last tiles (113, 203),
   // GQA, causal, a window, a varlen batch with empty sequences, and the
-  // deterministic mode's per-split dq slots on several key blocks.
+  // deterministic mode on several key blocks, causal and not.
   struct Shape {
     std::string label;
     at::ScalarType dtype;
@@ -596,6 +596,8 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
       {"bf16_d64_q203_k113_w17_33", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false},
       {"fp16_d128_varlen_causal", fp16, 128, 1, 2, 1, 113, 203, true, -1, -1, true, false},  // lengths below
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},
+      // no mask, three key blocks, three query blocks (d64): fa3's rotated walks
+      {"fp16_d64_q300_k257_deterministic", fp16, 64, 1, 1, 1, 300, 257, false, -1, -1, false, true},
   };
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {

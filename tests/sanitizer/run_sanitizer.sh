@@ -8,8 +8,9 @@
 # Fails when the tool reports any error in its summary, not only on a non-zero
 # exit, when a case fails its check, when there is no case, and when the runs
 # take longer than the budget (FLASHLAB_SANITIZER_BUDGET_S, default 180 s; the
-# backward pass 240 s: three kernels with a backward since session 21, 15 racecheck
-# runs measured 159 s alone and 197 s beside the whole GPU ctest on the H100).
+# backward pass 240 s: three kernels with a backward since session 21; their 15
+# racecheck runs took 159 s alone and 197 s beside the whole GPU ctest on the
+# H100; 18 runs since session 22, a tiny deterministic case added).
 # Exit 77 (CTest: skipped) when there is no compute-sanitizer or no GPU.
 # Usage: run_sanitizer.sh TOOL path/to/flashlab-run path/to/flashlab_sanitizer_cases [--backward|--kvcache]
 set -uo pipefail

@@ -197,6 +197,42 @@ GradientComparison compare_backward(const ProblemSpec& spec, const AttentionPara
           compare_rows("dv", gradients.dv, exact.dv, tolerance.dv.bound(), keys)};
 }
 
+std::vector<GradientElement> gradient_elements(const ProblemSpec& spec, const std::vector<int>& at,
+                                               const Gradients& gradients, const Gradients& exact) {
+  TORCH_CHECK(at.size() == 4, "show_element expects batch, head, row, col; got ", at.size(), " numbers");
+  const int batch = at[0], head = at[1], row = at[2], col = at[3];
+  const int sequences = spec.is_varlen() ? static_cast<int>(spec.seqlens_q.size()) : spec.batch;
+  TORCH_CHECK(batch >= 0 && batch < sequences && head >= 0 && head < spec.heads && col >= 0 &&
+                  col < spec.head_dim && row >= 0,
+              "show_element ", batch, ",", head, ",", row, ",", col, " is outside the problem (", sequences,
+              " sequences, ", spec.heads, " heads, head_dim ", spec.head_dim, ")");
+  const int kv_head = head / (spec.heads / spec.kv_heads);
+  // (sequence row, tensor index) of a row of sequence `batch`: packed rows for varlen.
+  const auto element = [&](const at::Tensor& tensor, const std::vector<int>& lengths, int h) {
+    if (!spec.is_varlen()) return tensor.select(0, batch).select(0, row).select(0, h).select(0, col);
+    int64_t first = 0;
+    for (int b = 0; b < batch; ++b) first += lengths[b];
+    return tensor.select(0, first + row).select(0, h).select(0, col);
+  };
+  std::vector<GradientElement> shown;
+  const auto add = [&](const char* name, const at::Tensor& kernel, const at::Tensor& reference, int h,
+                       const std::vector<int>& lengths, int length) {
+    if (row >= length) return;
+    GradientElement value;
+    value.name = std::string(name) + "[" + std::to_string(batch) + "," + std::to_string(row) + "," +
+                 std::to_string(h) + "," + std::to_string(col) + "]";
+    value.kernel = element(kernel, lengths, h).item<double>();
+    value.reference = element(reference, lengths, h).item<double>();
+    shown.push_back(value);
+  };
+  const int seqlen_q = spec.is_varlen() ? spec.seqlens_q[batch] : spec.seqlen_q;
+  const int seqlen_k = spec.is_varlen() ? spec.key_seqlens()[batch] : spec.seqlen_k;
+  add("dk", gradients.dk, exact.dk, kv_head, spec.key_seqlens(), seqlen_k);
+  add("dv", gradients.dv, exact.dv, kv_head, spec.key_seqlens(), seqlen_k);
+  add("dq", gradients.dq, exact.dq, head, spec.seqlens_q, seqlen_q);
+  return shown;
+}
+
 namespace {
 
 // check_backward's steps (check_pipeline.h): the kernel's own forward, then
@@ -259,6 +295,10 @@ struct BackwardCheck {
     result.dq = std::move(gradient_reports.dq);
     result.dk = std::move(gradient_reports.dk);
     result.dv = std::move(gradient_reports.dv);
+    if (!options.show_element.empty())
+      result.shown = gradient_elements(
+          spec, options.show_element, run.gradients,
+          {reference.backward.reference.dq, reference.backward.reference.dk, reference.backward.reference.dv});
     // NaN/inf: where the first one is and whether its row's inputs were finite.
     bool any_nonfinite = false;
     for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
@@ -310,6 +350,10 @@ std::string BackwardCheckResult::format() const {
     text << report->name << ": " << tolerance_text(*tolerance, "the forward's atol of this gradient")
          << "\n"
          << report->format();
+  for (const GradientElement& element : shown)
+    text << std::setprecision(9) << "element " << element.name << ": kernel " << element.kernel << ", reference "
+         << element.reference << "\n"
+         << std::setprecision(4);
   if (forward_ms >= 0) text << "forward time " << forward_ms << " ms, backward time " << backward_ms << " ms (medians)\n";
   text << (passed() ? "PASSED" : "FAILED") << "\n";
   return text.str();

@@ -39,6 +39,7 @@ struct Arguments {
   bool backward = false;       // forward then backward: out, lse, dq, dk, dv
   bool deterministic = false;  // BackwardOptions::deterministic
   std::vector<int> show_state;  // batch, head, row, key tile
+  std::vector<int> show_element;  // batch, head, row, col (--backward)
   std::vector<int> locate;      // batch, head, row[, col]
   bool kvcache = false;         // decoding with a KV cache: kvcache_spec, not spec, is the problem
   flashlab::KvCacheSpec kvcache_spec;
@@ -203,6 +204,16 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
             [&] { arguments.backward = true; })
       .flag("--deterministic", "with --backward: the deterministic backward (bitwise reproducible dq)",
             [&] { arguments.deterministic = true; })
+      .option("--show-element", "B,H,ROW,COL",
+              "with --backward: also print the kernel's and the reference's dk, dv of key\nrow ROW (kv "
+              "head H / group) and dq of query row ROW at column COL (what\ncuda-gdb should show at "
+              "--locate's stops)",
+              [&](const std::string& v) {
+                arguments.show_element = flashlab::parse_int_list("--show-element", v, 0, kIntMax);
+                if (arguments.show_element.size() != 4)
+                  throw flashlab::ArgumentError("--show-element expects B,H,ROW,COL (four integers), got '" + v +
+                                                "'");
+              })
       .flag("--kvcache",
             "decoding with a KV cache (attention_with_kvcache): --seqlen-q query rows\n(default 1) a "
             "sequence against its cache of --seqlen-k rows (the\ncapacity; default: the least that fits); "
@@ -295,6 +306,8 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     throw ArgumentError("--show-state goes with --trace-tiles");
   if (arguments.deterministic && !arguments.backward)
     throw ArgumentError("--deterministic goes with --backward");
+  if (!arguments.show_element.empty() && !arguments.backward)
+    throw ArgumentError("--show-element goes with --backward");
   if (!arguments.locate.empty()) {
     if (spec.kernel == "auto")
       throw ArgumentError("--locate needs --kernel NAME: the layout is the kernel's");
@@ -393,6 +406,7 @@ int run_backward_check(const Arguments& arguments) {
     flashlab::BackwardCheckOptions options;
     options.deterministic = arguments.deterministic;
     options.timed_launches = arguments.repeat;
+    options.show_element = arguments.show_element;
     return flashlab::check_backward(arguments.spec, options);
   });
 }

@@ -179,6 +179,43 @@ TEST(BackwardCheckParts, VarlenReferenceIsOneSequenceAtATime) {
   EXPECT_GT(packed.dq.narrow(0, 5, 37).abs().max().item<double>(), 0.0);
 }
 
+// --show-element (what cuda-gdb's backward stops are checked against): dk/dv
+// of the key row at the query head's kv head, dq of the query row, rows within
+// the sequence (packed rows for varlen), a row a sequence lacks left out.
+TEST(BackwardCheckParts, ShownElementsAreTheRowsOfTheSequence) {
+  for (const bool varlen : {false, true}) {
+    SCOPED_TRACE(varlen ? "varlen" : "fixed length");
+    const ProblemSpec spec = varlen ? steps_varlen_spec(kVarlenSeqlensK) : steps_fixed_length_spec();
+    const ProblemInputs inputs = make_inputs(spec, at::kCPU);
+    // Distinct values everywhere: element i of each tensor is i (+ 0.5 for the "reference").
+    const auto numbered = [](const at::Tensor& like) {
+      return at::arange(like.numel(), at::TensorOptions().dtype(at::kDouble)).view(like.sizes());
+    };
+    const Gradients kernel{numbered(inputs.q), numbered(inputs.k), numbered(inputs.v)};
+    const Gradients reference{kernel.dq + 0.5, kernel.dk + 0.5, kernel.dv + 0.5};
+    // Sequence 1 of 2, or 2 of the varlen 4 (37 query rows, 53 key rows either way), head 3
+    // (kv head 1), row 36, column 7.
+    const int batch = varlen ? 2 : 1, head = 3, row = 36, col = 7;
+    const std::string at_batch = std::to_string(batch);
+    const std::vector<GradientElement> shown = gradient_elements(spec, {batch, head, row, col}, kernel, reference);
+    ASSERT_EQ(shown.size(), 3u);
+    const int64_t q_row = varlen ? 5 + 0 + row : batch * spec.seqlen_q + row;
+    const int64_t k_row = varlen ? 11 + 3 + row : batch * spec.seqlen_k + row;
+    EXPECT_EQ(shown[0].name, "dk[" + at_batch + ",36,1,7]");
+    EXPECT_EQ(shown[0].kernel, static_cast<double>((k_row * spec.kv_heads + 1) * spec.head_dim + col));
+    EXPECT_EQ(shown[1].name, "dv[" + at_batch + ",36,1,7]");
+    EXPECT_EQ(shown[1].reference, shown[0].kernel + 0.5);
+    EXPECT_EQ(shown[2].name, "dq[" + at_batch + ",36,3,7]");
+    EXPECT_EQ(shown[2].kernel, static_cast<double>((q_row * spec.heads + head) * spec.head_dim + col));
+    // Row 40: past the sequence's 37 query rows, within its 53 keys.
+    const std::vector<GradientElement> keys_only = gradient_elements(spec, {batch, head, 40, col}, kernel, reference);
+    ASSERT_EQ(keys_only.size(), 2u);
+    EXPECT_EQ(keys_only[1].name, "dv[" + at_batch + ",40,1,7]");
+    expect_rejected([&] { gradient_elements(spec, {batch, spec.heads, row, col}, kernel, reference); },
+                    {"outside the problem"});
+  }
+}
+
 // Stand-ins for a kernel's backward hooks.
 void no_launch(const AttentionBackwardParams&) {}
 std::string rejects_windows(const AttentionBackwardParams& params) {

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "flashlab/attention.h"
 #include "flashlab/harness/compare.h"
@@ -108,7 +109,21 @@ GradientComparison compare_backward(const ProblemSpec& spec, const AttentionPara
 struct BackwardCheckOptions {
   bool deterministic = false;  // BackwardOptions::deterministic
   int timed_launches = 0;      // > 0: also time forward and backward (median of this many)
+  // batch, head, row, col: report the kernel's and the reference's dk, dv of
+  // key row `row` (kv head head / group) and dq of query row `row` there (rows
+  // count within sequence `batch`; what cuda-gdb should show at --locate's stops).
+  std::vector<int> show_element;
 };
+
+// One gradient element as the kernel wrote it and as the reference has it.
+struct GradientElement {
+  std::string name;  // "dk[b,row,kv_head,col]"
+  double kernel = 0, reference = 0;
+};
+// show_element's elements: dk and dv of key row `row` (kv head head / group),
+// dq of query row `row`, each where that row exists in sequence `batch`.
+std::vector<GradientElement> gradient_elements(const ProblemSpec& spec, const std::vector<int>& at,
+                                               const Gradients& kernel, const Gradients& reference);
 
 struct BackwardCheckResult {
   std::string kernel;  // the kernel that ran both passes (resolves "auto")
@@ -123,6 +138,7 @@ struct BackwardCheckResult {
   ForwardTolerance forward_tolerance;
   BackwardTolerance backward_tolerance;
   double forward_ms = -1, backward_ms = -1;  // medians over the timed launches, when timed
+  std::vector<GradientElement> shown;        // BackwardCheckOptions::show_element
 
   bool passed() const {
     return out.passed() && lse.passed() && dq.passed() && dk.passed() && dv.passed();

@@ -407,6 +407,9 @@ TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {
   const BackwardElementLocation past_queries = locate_backward_element(kernel, spec, false, 0, 1, 150, 3);
   EXPECT_TRUE(past_queries.keys_unavailable.empty());
   EXPECT_NE(past_queries.queries_unavailable.find("past batch entry 0's 113 query rows"), std::string::npos);
+  // The key row's stop stays (the backward cuda-gdb test stops at a key row past the query rows).
+  ASSERT_EQ(past_queries.stops.size(), 1u);
+  EXPECT_NE(past_queries.stops[0].condition.find("key == 150"), std::string::npos);
   const BackwardElementLocation past_keys = locate_backward_element(kernel, spec, false, 0, 1, 250, 3);
   EXPECT_NE(past_keys.keys_unavailable.find("past batch entry 0's 203 keys"), std::string::npos);
   // Both stops' markers are in the kernel source, and the text names their lines.

@@ -97,6 +97,20 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     }
   }
 
+  // cuda-gdb: the epilogue's store of the key row (also where the row has no query row to locate).
+  if (location.keys_unavailable.empty()) {
+    CudaGdbStop keys_stop;
+    keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
+    keys_stop.line_offset = 2;  // past the #pragma: the column loop
+    // store_key_gradients' locals: the batch entry is the CTA's z.
+    keys_stop.condition = "key == " + std::to_string(row) + " && kv_head == " + std::to_string(kv_head) +
+                          " && blockIdx.z == " + std::to_string(batch) +
+                          " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
+    keys_stop.prints = {location.dk.name + " * p.softmax_scale", location.dv.name};
+    keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";
+    location.stops.push_back(keys_stop);
+  }
+
   // dQ of query row `row`.
   if (row < 0 || row >= view.seqlen_q) {
     location.queries_unavailable = row_past_sequence(view, batch, row);
@@ -140,19 +154,7 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
       " of the accumulator from the sequence's first row of this head (fragment order), "
       "converted by the convert kernel";
 
-  // cuda-gdb: the epilogue's store of the key row, and a step's dQ slab.
-  if (location.keys_unavailable.empty()) {
-    CudaGdbStop keys_stop;
-    keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
-    keys_stop.line_offset = 2;  // past the #pragma: the column loop
-    // store_key_gradients' locals: the batch entry is the CTA's z.
-    keys_stop.condition = "key == " + std::to_string(row) + " && kv_head == " + std::to_string(kv_head) +
-                          " && blockIdx.z == " + std::to_string(batch) +
-                          " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
-    keys_stop.prints = {location.dk.name + " * p.softmax_scale", location.dv.name};
-    keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";
-    location.stops.push_back(keys_stop);
-  }
+  // cuda-gdb: a step's dQ slab.
   if (!location.adding_key_blocks.empty()) {
     CudaGdbStop dq_stop;
     dq_stop.marker = "cuda-gdb: this step's dQ slab";

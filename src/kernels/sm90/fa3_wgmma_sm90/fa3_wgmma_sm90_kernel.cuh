@@ -116,46 +116,41 @@ struct Tile {
 using sm80::fast_exp2;
 using sm80::pack2;
 
-// Trace: the tile-trace build (a separate instantiation, never the timed one)
-// also writes each row's running max and sum after every key tile.
-// Dynamic: work tiles come from args.tile_counter, published by the producer;
-// otherwise the static order (the code both sides ran before the dynamic
-// schedule, instantiated apart so its code generation stays as it was).
-template <class Tr, typename Element, bool Trace, bool Dynamic = false>
-__global__ void __launch_bounds__(Tr::kThreads, 1)
-    fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
-  constexpr int kD = Tr::kHeadDim;
-  constexpr int kBM = Tr::kBlockM;
-  constexpr int kBN = Tr::kBlockN;
-  constexpr int kStages = Tr::kStages;
-  const AttentionParams& p = args.params;
-
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  unsigned char* q_smem = smem;  // kQBuffers Q tiles
-  unsigned char* k_smem = q_smem + Tr::kQBuffers * Tr::kQTileBytes;
-  unsigned char* v_smem = k_smem + kStages * Tr::kKVTileBytes;
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(v_smem + kStages * Tr::kKVTileBytes);
-  uint64_t* q_full = barriers;  // one per Q buffer
-  uint64_t* q_empty = q_full + 2;
-  uint64_t* k_full = q_empty + 2;
-  uint64_t* v_full = k_full + kStages;
-  uint64_t* k_empty = v_full + kStages;  // K and V are released apart: K after S,
-  uint64_t* v_empty = k_empty + kStages;  // V after P V, one tile later
-  // The producer publishes each work tile's index in its Q buffer's slot
-  // before q_full completes (-1: no more work); the consumers read it after
-  // waiting on q_full.
-  int* published_tile = reinterpret_cast<int*>(v_empty + kStages);
-  constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
-
-  const int warpgroup = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
+// The CTA's shared memory (aligned to 1024 bytes for the 128-byte swizzle):
+// kQBuffers Q tiles, kStages K and V tiles, the mbarriers, and the work tile
+// each Q buffer holds (the dynamic schedule's producer publishes it there
+// before q_full completes, -1: no more work; the consumers read it after
+// waiting on q_full).
+template <class Tr>
+struct ForwardSharedStorage {
+  unsigned char* q_smem;
+  unsigned char* k_smem;
+  unsigned char* v_smem;
+  uint64_t* q_full;   // one per Q buffer: the TMA bytes
+  uint64_t* q_empty;  // one arrival per consumer warp
+  uint64_t* k_full;   // per stage
+  uint64_t* v_full;
+  uint64_t* k_empty;  // K and V are released apart: K after S,
+  uint64_t* v_empty;  // V after P V, one tile later
+  int* published_tile;
+  __device__ explicit ForwardSharedStorage(unsigned char* smem)
+      : q_smem(smem),
+        k_smem(q_smem + Tr::kQBuffers * Tr::kQTileBytes),
+        v_smem(k_smem + Tr::kStages * Tr::kKVTileBytes),
+        q_full(reinterpret_cast<uint64_t*>(v_smem + Tr::kStages * Tr::kKVTileBytes)),
+        q_empty(q_full + 2),
+        k_full(q_empty + 2),
+        v_full(k_full + Tr::kStages),
+        k_empty(v_full + Tr::kStages),
+        v_empty(k_empty + Tr::kStages),
+        published_tile(reinterpret_cast<int*>(v_empty + Tr::kStages)) {}
+  __device__ void init() const {
+    constexpr int kConsumerWarps = 4 * Tr::kConsumers;  // each consumer warp arrives once
     for (int b = 0; b < Tr::kQBuffers; ++b) {
       sm90::mbarrier_init(&q_full[b], 1);
       sm90::mbarrier_init(&q_empty[b], kConsumerWarps);
     }
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < Tr::kStages; ++s) {
       sm90::mbarrier_init(&k_full[s], 1);
       sm90::mbarrier_init(&v_full[s], 1);
       sm90::mbarrier_init(&k_empty[s], kConsumerWarps);
@@ -163,95 +158,122 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     sm90::fence_barrier_init();
   }
-  __syncthreads();
-
   // Q buffers are taken in turn by the work tiles that load (or, dynamic,
   // publish) one: iteration i uses buffer i % kQBuffers, phase (i / kQBuffers) & 1.
-  const auto q_buffer_of = [](uint32_t iteration) { return int(iteration % Tr::kQBuffers); };
-  const auto q_phase_of = [](uint32_t iteration) { return (iteration / Tr::kQBuffers) & 1; };
+  __device__ static int q_buffer_of(uint32_t iteration) { return int(iteration % Tr::kQBuffers); }
+  __device__ static uint32_t q_phase_of(uint32_t iteration) { return (iteration / Tr::kQBuffers) & 1; }
+};
 
-  if (warpgroup == 0) {
-    // ---------------------------------------------------------------- producer
-    sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
-    if (threadIdx.x != 0) return;
-    sm90::tma_prefetch_descriptor(&args.q_map);
-    sm90::tma_prefetch_descriptor(&args.k_map);
-    sm90::tma_prefetch_descriptor(&args.v_map);
-    uint32_t kv_iteration = 0, q_iteration = 0;
-    const auto next_index = [&](int index) {
-      return Dynamic ? atomicAdd(args.tile_counter, 1) + int(gridDim.x) : index + int(gridDim.x);
-    };
-    for (int index = blockIdx.x;; index = next_index(index)) {
-      WorkTile work{};
-      SequenceView view{};
-      int q0 = 0;
-      KeyTiles tiles{0, -1};
-      const int q_buffer = q_buffer_of(q_iteration);
-      if constexpr (Dynamic) {
-        // Tiles past a varlen sequence's rows have nothing to write: never
-        // published. Rows that see no key are published without a Q (the
-        // consumers write 0 / -inf); -1 ends the consumers' loop.
-        for (; index < args.num_work_tiles; index = next_index(index)) {
-          work = work_tile(args, index);
-          view = sequence_view(p, work.batch);
-          q0 = work.q_block * kBM;
-          if (q0 < view.seqlen_q) break;
-        }
-        sm90::mbarrier_wait(&q_empty[q_buffer], q_phase_of(q_iteration) ^ 1);
-        ++q_iteration;
-        published_tile[q_buffer] = index < args.num_work_tiles ? index : -1;
-        if (index >= args.num_work_tiles) {
-          sm90::mbarrier_arrive(&q_full[q_buffer]);
-          break;
-        }
-        tiles = key_tiles<Tr>(p, view, q0);
-        if (tiles.last < tiles.first) {
-          sm90::mbarrier_arrive(&q_full[q_buffer]);
-          continue;
-        }
-      } else {
-        if (index >= args.num_work_tiles) break;
+// ---------------------------------------------------------------------------
+// The producer (one thread, 24 registers): per work tile its Q, then its key
+// tiles' K and V from the highest down, through the kStages ring. Dynamic:
+// the next work tile from the counter, published in the Q buffer's slot.
+template <class Tr, typename Element, bool Dynamic>
+__device__ __forceinline__ void forward_producer(const KernelArguments& args, const ForwardSharedStorage<Tr>& smem) {
+  constexpr int kBM = Tr::kBlockM;
+  constexpr int kBN = Tr::kBlockN;
+  constexpr int kStages = Tr::kStages;
+  const AttentionParams& p = args.params;
+  using Storage = ForwardSharedStorage<Tr>;
+  sm90::tma_prefetch_descriptor(&args.q_map);
+  sm90::tma_prefetch_descriptor(&args.k_map);
+  sm90::tma_prefetch_descriptor(&args.v_map);
+  uint32_t kv_iteration = 0, q_iteration = 0;
+  const auto next_index = [&](int index) {
+    return Dynamic ? atomicAdd(args.tile_counter, 1) + int(gridDim.x) : index + int(gridDim.x);
+  };
+  for (int index = blockIdx.x;; index = next_index(index)) {
+    WorkTile work{};
+    SequenceView view{};
+    int q0 = 0;
+    KeyTiles tiles{0, -1};
+    const int q_buffer = Storage::q_buffer_of(q_iteration);
+    if constexpr (Dynamic) {
+      // Tiles past a varlen sequence's rows have nothing to write: never
+      // published. Rows that see no key are published without a Q (the
+      // consumers write 0 / -inf); -1 ends the consumers' loop.
+      for (; index < args.num_work_tiles; index = next_index(index)) {
         work = work_tile(args, index);
         view = sequence_view(p, work.batch);
         q0 = work.q_block * kBM;
-        if (q0 >= view.seqlen_q) continue;
-        tiles = key_tiles<Tr>(p, view, q0);
-        if (tiles.last < tiles.first) continue;
-        sm90::mbarrier_wait(&q_empty[q_buffer], q_phase_of(q_iteration) ^ 1);
-        ++q_iteration;
+        if (q0 < view.seqlen_q) break;
       }
-      const int batch_coordinate = p.is_varlen() ? 0 : work.batch;
-      const int kv_head = work.head / (p.heads / p.kv_heads);
-      sm90::mbarrier_arrive_expect_tx(&q_full[q_buffer], Tr::kQTileBytes);
+      sm90::mbarrier_wait(&smem.q_empty[q_buffer], Storage::q_phase_of(q_iteration) ^ 1);
+      ++q_iteration;
+      smem.published_tile[q_buffer] = index < args.num_work_tiles ? index : -1;
+      if (index >= args.num_work_tiles) {
+        sm90::mbarrier_arrive(&smem.q_full[q_buffer]);
+        break;
+      }
+      tiles = key_tiles<Tr>(p, view, q0);
+      if (tiles.last < tiles.first) {
+        sm90::mbarrier_arrive(&smem.q_full[q_buffer]);
+        continue;
+      }
+    } else {
+      if (index >= args.num_work_tiles) break;
+      work = work_tile(args, index);
+      view = sequence_view(p, work.batch);
+      q0 = work.q_block * kBM;
+      if (q0 >= view.seqlen_q) continue;
+      tiles = key_tiles<Tr>(p, view, q0);
+      if (tiles.last < tiles.first) continue;
+      sm90::mbarrier_wait(&smem.q_empty[q_buffer], Storage::q_phase_of(q_iteration) ^ 1);
+      ++q_iteration;
+    }
+    const int batch_coordinate = p.is_varlen() ? 0 : work.batch;
+    const int kv_head = work.head / (p.heads / p.kv_heads);
+    sm90::mbarrier_arrive_expect_tx(&smem.q_full[q_buffer], Tr::kQTileBytes);
+#pragma unroll 1  // the producer has 24 registers
+    for (int panel = 0; panel < Tr::kPanels; ++panel)
+      sm90::tma_load_4d(smem.q_smem + q_buffer * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
+                        &smem.q_full[q_buffer], panel * 64, view.q_row0 + q0, work.head,
+                        batch_coordinate);
+
+    for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
+      const int stage = kv_iteration % kStages;
+      const uint32_t phase = (kv_iteration / kStages) & 1;
+      const int key_row = view.k_row0 + tile * kBN;
+      sm90::mbarrier_wait(&smem.k_empty[stage], phase ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&smem.k_full[stage], Tr::kKVTileBytes);
 #pragma unroll 1  // the producer has 24 registers
       for (int panel = 0; panel < Tr::kPanels; ++panel)
-        sm90::tma_load_4d(q_smem + q_buffer * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
-                          &q_full[q_buffer], panel * 64, view.q_row0 + q0, work.head,
-                          batch_coordinate);
-
-      for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
-        const int stage = kv_iteration % kStages;
-        const uint32_t phase = (kv_iteration / kStages) & 1;
-        const int key_row = view.k_row0 + tile * kBN;
-        sm90::mbarrier_wait(&k_empty[stage], phase ^ 1);
-        sm90::mbarrier_arrive_expect_tx(&k_full[stage], Tr::kKVTileBytes);
+        sm90::tma_load_4d(smem.k_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.k_map,
+                          &smem.k_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
+      sm90::mbarrier_wait(&smem.v_empty[stage], phase ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&smem.v_full[stage], Tr::kKVTileBytes);
 #pragma unroll 1  // the producer has 24 registers
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_load_4d(k_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.k_map,
-                            &k_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
-        sm90::mbarrier_wait(&v_empty[stage], phase ^ 1);
-        sm90::mbarrier_arrive_expect_tx(&v_full[stage], Tr::kKVTileBytes);
-#pragma unroll 1  // the producer has 24 registers
-        for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_load_4d(v_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.v_map,
-                            &v_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
-      }
+      for (int panel = 0; panel < Tr::kPanels; ++panel)
+        sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.v_map,
+                          &smem.v_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
     }
-    return;
   }
+}
 
-  // ------------------------------------------------------------------ consumers
-  sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
+// ---------------------------------------------------------------------------
+// A consumer warpgroup (64 rows of each query block): for each work tile, S =
+// Q K^T and P V over its key tiles from the highest down, the online softmax
+// between (pingpong with the other consumer), then O and LSE.
+template <class Tr, typename Element, bool Trace, bool Dynamic>
+__device__ __forceinline__ void forward_consumer(const KernelArguments& args, const ForwardSharedStorage<Tr>& storage,
+                                                 int warpgroup) {
+  constexpr int kD = Tr::kHeadDim;
+  constexpr int kBM = Tr::kBlockM;
+  constexpr int kBN = Tr::kBlockN;
+  constexpr int kStages = Tr::kStages;
+  const AttentionParams& p = args.params;
+  unsigned char* q_smem = storage.q_smem;
+  unsigned char* k_smem = storage.k_smem;
+  unsigned char* v_smem = storage.v_smem;
+  uint64_t* q_full = storage.q_full;
+  uint64_t* q_empty = storage.q_empty;
+  uint64_t* k_full = storage.k_full;
+  uint64_t* v_full = storage.v_full;
+  uint64_t* k_empty = storage.k_empty;
+  uint64_t* v_empty = storage.v_empty;
+  int* published_tile = storage.published_tile;
+  const auto q_buffer_of = [](uint32_t iteration) { return ForwardSharedStorage<Tr>::q_buffer_of(iteration); };
+  const auto q_phase_of = [](uint32_t iteration) { return ForwardSharedStorage<Tr>::q_phase_of(iteration); };
   const int consumer = warpgroup - 1;        // which 64-row half of the query block
   const int thread = threadIdx.x % 128;
   const int warp = thread / 32;              // warp within the warpgroup: 16 rows each
@@ -571,6 +593,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     finalize(cur);
     cur = next.index != -2 ? next : acquire(cur.index + gridDim.x);
   }
+}
+
+// ---------------------------------------------------------------------------
+// The kernel: warpgroup 0 produces, warpgroups 1.. consume.
+// Trace: the tile-trace build (a separate instantiation, never the timed one)
+// also writes each row's running max and sum after every key tile.
+// Dynamic: work tiles come from args.tile_counter, published by the producer;
+// otherwise the static order (the code both sides ran before the dynamic
+// schedule, instantiated apart so its code generation stays as it was).
+template <class Tr, typename Element, bool Trace, bool Dynamic = false>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
+  extern __shared__ unsigned char smem_raw[];
+  const ForwardSharedStorage<Tr> storage(reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
+  const int warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == 0) storage.init();
+  __syncthreads();
+  if (warpgroup == 0) {
+    sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    forward_producer<Tr, Element, Dynamic>(args, storage);
+    return;
+  }
+  sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
+  forward_consumer<Tr, Element, Trace, Dynamic>(args, storage, warpgroup);
 }
 
 // ---------------------------------------------------------------------------

@@ -251,6 +251,39 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
 }
 
 // ---------------------------------------------------------------------------
+// The epilogue: normalize a consumer thread's two rows of tile `t` (row
+// first_row and first_row + 8 of the block; their state in acc_o, row_max,
+// row_sum) and write O (4-byte stores) and LSE, rows < seqlen_q only.
+template <class Tr, typename Element>
+__device__ __forceinline__ void store_output_rows(const AttentionParams& p, const Tile& t, int first_row,
+                                                  int thread_in_group, float scale_log2,
+                                                  const float (&acc_o)[Tr::kHeadDim / 2], const float (&row_max)[2],
+                                                  const float (&row_sum)[2]) {
+  const auto exp2 = [](float x) { return fast_exp2(x); };
+  Element* o_ptr = static_cast<Element*>(p.out) + t.view.out_offset + static_cast<int64_t>(t.work.head) * p.out_head_stride;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
+    const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
+    const float inv_sum = result.inverse_sum;
+    const int row = t.q0 + first_row + h * 8;
+    if (row < t.view.seqlen_q) {
+      if (p.lse != nullptr && thread_in_group == 0)
+        p.lse[t.work.batch * p.lse_batch_stride + t.work.head * p.lse_head_stride + t.view.lse_row0 + row] =
+            result.lse;
+      Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
+#pragma unroll
+      for (int n = 0; n < Tr::kHeadDim / 8; ++n)
+        *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
+            pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // A consumer warpgroup (64 rows of each query block): for each work tile, S =
 // Q K^T and P V over its key tiles from the highest down, the online softmax
 // between (pingpong with the other consumer), then O and LSE.
@@ -472,30 +505,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
     convert_p();
   };
-  // Normalize, write LSE and O of `t` (the rows' state in acc_o, row_max, row_sum).
   const auto finalize = [&](const Tile& t) {
-    Element* o_ptr = static_cast<Element*>(p.out) + t.view.out_offset +
-                     static_cast<int64_t>(t.work.head) * p.out_head_stride;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = row_sum[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
-      const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
-      const float inv_sum = result.inverse_sum;
-      const int row = t.q0 + warp_row0 + group + h * 8;
-      if (row < t.view.seqlen_q) {
-        if (p.lse != nullptr && thread_in_group == 0)
-          p.lse[t.work.batch * p.lse_batch_stride + t.work.head * p.lse_head_stride +
-                t.view.lse_row0 + row] = result.lse;
-        Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n)
-          *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
-              pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
-      }
-    }
+    store_output_rows<Tr, Element>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max, row_sum);
   };
 
   bool started = false;  // cur's first S and softmax done (by the previous tile's tail)

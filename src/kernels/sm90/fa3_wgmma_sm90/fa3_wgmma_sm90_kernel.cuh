@@ -251,6 +251,66 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
 }
 
 // ---------------------------------------------------------------------------
+// The consumers' side of the tile schedule (common/tile_scheduler.h orders the
+// work tiles): which tile comes next, and its Q buffer's turn.
+template <class Tr>
+__device__ __forceinline__ Tile describe_tile(const KernelArguments& args, int index, int q_buffer) {
+  const AttentionParams& p = args.params;
+  Tile t;
+  t.index = index;
+  t.q_buffer = q_buffer;
+  if (index < 0) return t;
+  t.work = work_tile(args, index);
+  t.view = sequence_view(p, t.work.batch);
+  t.q0 = t.work.q_block * Tr::kBlockM;
+  t.tiles = key_tiles<Tr>(p, t.view, t.q0);
+  t.unmasked = unmasked_key_tiles(t.q0, t.q0 + Tr::kBlockM - 1, t.view.seqlen_q, t.view.seqlen_k, p.window_left,
+                                  p.window_right, Tr::kBlockN);
+  return t;
+}
+template <class Tr, bool Dynamic>
+struct ForwardTileSource {
+  const KernelArguments& args;
+  const ForwardSharedStorage<Tr>& storage;
+  int lane;
+  uint32_t q_iteration = 0;
+  // The next work tile from `candidate` on. Dynamic: as the producer published
+  // it (waits for its Q; lane 0 reads the slot and passes it on, since lane 0
+  // releases q_empty, after which the producer may overwrite the slot); a
+  // key-less tile's Q buffer is released at once (one arrival per consumer
+  // warp, as after a tile's last S). Static: tiles past a varlen sequence's
+  // rows are skipped; the Q of a tile with keys is waited for by the caller.
+  __device__ Tile acquire(int candidate) {
+    using Storage = ForwardSharedStorage<Tr>;
+    if constexpr (Dynamic) {
+      const int q_buffer = Storage::q_buffer_of(q_iteration);
+      sm90::mbarrier_wait(&storage.q_full[q_buffer], Storage::q_phase_of(q_iteration));
+      ++q_iteration;
+      int published = 0;
+      if (lane == 0) published = storage.published_tile[q_buffer];
+      const Tile t = describe_tile<Tr>(args, __shfl_sync(0xffffffffu, published, 0), q_buffer);
+      if (t.index >= 0 && !t.has_keys() && lane == 0) sm90::mbarrier_arrive(&storage.q_empty[q_buffer]);
+      return t;
+    } else {
+      for (; candidate < args.num_work_tiles; candidate += gridDim.x) {
+        const Tile t = describe_tile<Tr>(args, candidate, 0);
+        if (t.q0 < t.view.seqlen_q) return t;
+      }
+      return describe_tile<Tr>(args, -1, 0);
+    }
+  }
+  // Static: the Q of a tile with keys (its buffer is the next in turn).
+  __device__ void wait_q(Tile& t) {
+    using Storage = ForwardSharedStorage<Tr>;
+    if constexpr (!Dynamic) {
+      t.q_buffer = Storage::q_buffer_of(q_iteration);
+      sm90::mbarrier_wait(&storage.q_full[t.q_buffer], Storage::q_phase_of(q_iteration));
+      ++q_iteration;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------
 // The epilogue: normalize a consumer thread's two rows of tile `t` (row
 // first_row and first_row + 8 of the block; their state in acc_o, row_max,
 // row_sum) and write O (4-byte stores) and LSE, rows < seqlen_q only.
@@ -298,15 +358,11 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   unsigned char* q_smem = storage.q_smem;
   unsigned char* k_smem = storage.k_smem;
   unsigned char* v_smem = storage.v_smem;
-  uint64_t* q_full = storage.q_full;
   uint64_t* q_empty = storage.q_empty;
   uint64_t* k_full = storage.k_full;
   uint64_t* v_full = storage.v_full;
   uint64_t* k_empty = storage.k_empty;
   uint64_t* v_empty = storage.v_empty;
-  int* published_tile = storage.published_tile;
-  const auto q_buffer_of = [](uint32_t iteration) { return ForwardSharedStorage<Tr>::q_buffer_of(iteration); };
-  const auto q_phase_of = [](uint32_t iteration) { return ForwardSharedStorage<Tr>::q_phase_of(iteration); };
   const int consumer = warpgroup - 1;        // which 64-row half of the query block
   const int thread = threadIdx.x % 128;
   const int warp = thread / 32;              // warp within the warpgroup: 16 rows each
@@ -324,52 +380,12 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // Consumer 0 takes the first GEMM turn; every turn after is passed on in a ring.
   if (Tr::kPingpong && consumer == Tr::kConsumers - 1) sm90::named_barrier_arrive(1, 256);
 
-  uint32_t kv_iteration = 0, q_iteration = 0;
-  const auto describe = [&](int index, int q_buffer) {
-    Tile t;
-    t.index = index;
-    t.q_buffer = q_buffer;
-    if (index < 0) return t;
-    t.work = work_tile(args, index);
-    t.view = sequence_view(p, t.work.batch);
-    t.q0 = t.work.q_block * kBM;
-    t.tiles = key_tiles<Tr>(p, t.view, t.q0);
-    t.unmasked = unmasked_key_tiles(t.q0, t.q0 + kBM - 1, t.view.seqlen_q, t.view.seqlen_k,
-                                    p.window_left, p.window_right, kBN);
-    return t;
-  };
-  // The next work tile from `candidate` on. Dynamic: as the producer published
-  // it (waits for its Q; lane 0 reads the slot and passes it on, since lane 0
-  // releases q_empty, after which the producer may overwrite the slot); a
-  // key-less tile's Q buffer is released at once (one arrival per consumer
-  // warp, as after a tile's last S). Static: tiles past a varlen sequence's
-  // rows are skipped; the Q of a tile with keys is waited for by the caller.
-  const auto acquire = [&](int candidate) {
-    if constexpr (Dynamic) {
-      const int q_buffer = q_buffer_of(q_iteration);
-      sm90::mbarrier_wait(&q_full[q_buffer], q_phase_of(q_iteration));
-      ++q_iteration;
-      int published = 0;
-      if (lane == 0) published = published_tile[q_buffer];
-      const Tile t = describe(__shfl_sync(0xffffffffu, published, 0), q_buffer);
-      if (t.index >= 0 && !t.has_keys() && lane == 0) sm90::mbarrier_arrive(&q_empty[q_buffer]);
-      return t;
-    } else {
-      for (; candidate < args.num_work_tiles; candidate += gridDim.x) {
-        const Tile t = describe(candidate, 0);
-        if (t.q0 < t.view.seqlen_q) return t;
-      }
-      return describe(-1, 0);
-    }
-  };
-  // Static: the Q of a tile with keys (its buffer is the next in turn).
-  const auto wait_q = [&](Tile& t) {
-    if constexpr (!Dynamic) {
-      t.q_buffer = q_buffer_of(q_iteration);
-      sm90::mbarrier_wait(&q_full[t.q_buffer], q_phase_of(q_iteration));
-      ++q_iteration;
-    }
-  };
+  uint32_t kv_iteration = 0;
+  ForwardTileSource<Tr, Dynamic> source{args, storage, lane};
+  // Called through lambdas: calling source's members at each site renumbers
+  // registers (SASS, session 22), and the code as measured is this one.
+  const auto acquire = [&](int candidate) { return source.acquire(candidate); };
+  const auto wait_q = [&](Tile& t) { source.wait_q(t); };
 
   Tile cur = acquire(blockIdx.x);
   float acc_o[kD / 2];

@@ -311,6 +311,38 @@ struct ForwardTileSource {
 };
 
 // ---------------------------------------------------------------------------
+// The consumer's GEMMs (one commit group each). S = Q K^T: this consumer's 64
+// query rows (q_rows: its first row in the swizzled Q tile) x kBlockN keys.
+template <class Tr, typename Element>
+__device__ __forceinline__ void issue_scores(float (&acc_s)[Tr::kBlockN / 2], uint32_t q_rows, uint32_t k_tile) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Tr::kHeadDim / 16; ++ks) {
+    const uint32_t column_bytes = (ks % 4) * 32;  // k16 step within a 128-byte row
+    const uint64_t desc_q =
+        sm90::make_smem_descriptor_sw128(q_rows + (ks / 4) * Tr::kBlockM * 128 + column_bytes, 16, 1024);
+    const uint64_t desc_k =
+        sm90::make_smem_descriptor_sw128(k_tile + (ks / 4) * Tr::kBlockN * 128 + column_bytes, 16, 1024);
+    sm90::wgmma_ss<Tr::kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);
+  }
+  sm90::wgmma_commit();
+}
+// O += P V: P from registers (A fragments), V (keys x head_dim, head_dim
+// contiguous) MN-major.
+template <class Tr, typename Element>
+__device__ __forceinline__ void issue_probabilities_times_values(float (&acc_o)[Tr::kHeadDim / 2],
+                                                                 const uint32_t (&p_frag)[Tr::kBlockN / 16][4],
+                                                                 uint32_t v_tile) {
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+    const uint64_t desc_v = sm90::make_smem_descriptor_sw128(v_tile + kk * 16 * 128, Tr::kBlockN * 128, 1024);
+    sm90::wgmma_rs<Tr::kHeadDim, Element>(acc_o, p_frag[kk], desc_v, 1);
+  }
+  sm90::wgmma_commit();
+}
+
+// ---------------------------------------------------------------------------
 // The epilogue: normalize a consumer thread's two rows of tile `t` (row
 // first_row and first_row + 8 of the block; their state in acc_o, row_max,
 // row_sum) and write O (4-byte stores) and LSE, rows < seqlen_q only.
@@ -405,30 +437,12 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 
   // S = Q K^T for the tile in `stage`: 64 rows of this consumer x kBN keys.
   auto issue_qk = [&](int stage, int q_buffer) {
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kD / 16; ++ks) {
-      const uint32_t column_bytes = (ks % 4) * 32;  // k16 step within a 128-byte row
-      const uint64_t desc_q = sm90::make_smem_descriptor_sw128(
-          q_address + q_buffer * Tr::kQTileBytes + (ks / 4) * kBM * 128 + consumer * 64 * 128 +
-              column_bytes,
-          16, 1024);
-      const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
-          k_address + stage * Tr::kKVTileBytes + (ks / 4) * kBN * 128 + column_bytes, 16, 1024);
-      sm90::wgmma_ss<kBN, Element>(acc_s, desc_q, desc_k, ks > 0);
-    }
-    sm90::wgmma_commit();
+    issue_scores<Tr, Element>(acc_s, q_address + q_buffer * Tr::kQTileBytes + consumer * 64 * 128,
+                              k_address + stage * Tr::kKVTileBytes);
   };
-  // O += P V: V is (keys x head_dim) with head_dim contiguous, i.e. MN-major.
+  // O += P V.
   auto issue_pv = [&](int stage) {
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t desc_v = sm90::make_smem_descriptor_sw128(
-          v_address + stage * Tr::kKVTileBytes + kk * 16 * 128, kBN * 128, 1024);
-      sm90::wgmma_rs<kD, Element>(acc_o, p_frag[kk], desc_v, 1);
-    }
-    sm90::wgmma_commit();
+    issue_probabilities_times_values<Tr, Element>(acc_o, p_frag, v_address + stage * Tr::kKVTileBytes);
   };
   // Mask, then the online softmax in base 2 for key tile `tile` of `cur`: P
   // overwrites S; `correction` gets each row's factor for O (applied once O is

@@ -38,6 +38,15 @@
 // tracing (a separate traced instantiation) for fixed-length batches; the
 // trace's key tiles are visited from the last down. The output is written
 // from registers (4-byte stores per pair).
+//
+// Structure: ForwardSharedStorage (the shared-memory carve-out and barriers),
+// forward_producer (the TMA thread), ForwardTileSource (the consumers' side of
+// the tile schedule), forward_consumer (the mainloop: its GEMMs are
+// issue_scores and issue_probabilities_times_values, the mask is common/mask.h's
+// VisibleKeyMask, the softmax update common/online_softmax.h's) and
+// store_output_rows (the epilogue). The softmax step stays a lambda of the
+// consumer: as a function of its own it changed head_dim 64's code generation
+// (SASS, session 22), and every split here kept the SASS as measured.
 #pragma once
 
 #include <cuda.h>

@@ -53,6 +53,18 @@ struct DeviceErrorLog {
   int low = 0, high = 0;  // the values that were expected: low <= value <= high
 };
 
+// Score modifications (issue 33; common/score_modification.h applies them):
+// flash-attn's softcap, ALiBi slopes and attention sinks. All off by default;
+// no kernel reads them and no API sets them yet (session 22: the policy and
+// its test first).
+struct ScoreModificationParams {
+  float softcap = 0.f;                   // > 0: scaled scores s -> softcap * tanh(s / softcap)
+  const float* alibi_slopes = nullptr;   // float32, (heads) or (batch, heads), on the device
+  int64_t alibi_batch_stride = 0;        // 0 for (heads): one slope per head for every batch entry
+  const float* sinks = nullptr;          // float32 (heads), on the device: a logit in every row's denominator
+  FLASHLAB_HOST_DEVICE bool any() const { return softcap != 0.f || alibi_slopes != nullptr || sinks != nullptr; }
+};
+
 // Strides are in elements. Tensors are logically (batch, seqlen, heads, head_dim)
 // with head_dim contiguous, exactly like flash_attn_func.
 struct AttentionParams {
@@ -85,6 +97,7 @@ struct AttentionParams {
   int window_left = -1;
   int window_right = -1;
   FLASHLAB_HOST_DEVICE bool causal() const { return window_right == 0; }
+  ScoreModificationParams modification;
 
   // Variable-length batches (packed tokens): int32 prefix sums of length batch+1,
   // on the device. When set, the batch strides are ignored and row offsets come

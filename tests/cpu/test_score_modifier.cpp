@@ -1,0 +1,189 @@
+// The kernels' score-modification policy (common/score_modification.h) against
+// the harness reference's definitions (reference_attention with
+// ReferenceOptions::modification, float64): a float32 loop attention that
+// uses the policy the way a kernel will (modified scores into the online
+// softmax in key tiles, the sink as the row's first state, dS times
+// gradient_factor) must give the reference's out, LSE, dq, dk, dv and the
+// sinks' gradient, for softcap, ALiBi per head and per batch entry, sinks and
+// their combinations, causal and not, seqlen_q != seqlen_k, GQA.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <ostream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common/online_softmax.h"
+#include "common/score_modification.h"
+#include "flashlab/harness/reference.h"
+#include "test_support.h"
+
+namespace flashlab {
+namespace {
+
+struct ModifierCase {
+  std::string name;
+  bool softcap, alibi, alibi_per_batch, sinks, causal;
+};
+
+void PrintTo(const ModifierCase& c, std::ostream* os) { *os << c.name; }
+
+struct LoopResult {
+  at::Tensor out, lse, dq, dk, dv, dsinks;
+};
+
+// Batch 2, 4 query heads on 2 kv heads, 7 query rows against 11 keys, head_dim 8.
+constexpr int kBatch = 2, kHeads = 4, kKvHeads = 2, kSeqlenQ = 7, kSeqlenK = 11, kHeadDim = 8;
+constexpr int kKeyTile = 4;  // keys per online-softmax step
+
+template <bool kSoftcap, bool kAlibi, bool kSink>
+LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& dout) {
+  const float scale = params.softmax_scale;
+  const auto expf_ = [](float x) { return std::exp(x); };
+  const auto qa = q.accessor<double, 4>(), ka = k.accessor<double, 4>(), va = v.accessor<double, 4>();
+  const auto da = dout.accessor<double, 4>();
+  LoopResult r{at::zeros_like(q), at::full({kBatch, kHeads, kSeqlenQ}, -INFINITY, q.options()), at::zeros_like(q),
+               at::zeros_like(k), at::zeros_like(v), at::zeros({kHeads}, q.options())};
+  auto out = r.out.accessor<double, 4>();
+  auto lse = r.lse.accessor<double, 3>();
+  auto dq = r.dq.accessor<double, 4>(), dk = r.dk.accessor<double, 4>(), dv = r.dv.accessor<double, 4>();
+  auto dsinks = r.dsinks.accessor<double, 1>();
+  const auto raw_score = [&](int b, int h, int i, int j) {
+    float s = 0.f;
+    for (int d = 0; d < kHeadDim; ++d)
+      s += static_cast<float>(qa[b][i][h][d]) * static_cast<float>(ka[b][j][h / (kHeads / kKvHeads)][d]);
+    return s;
+  };
+  const auto visible = [&](int i, int j) { return params.window_right < 0 || j <= i + kSeqlenK - kSeqlenQ; };
+  for (int b = 0; b < kBatch; ++b)
+    for (int h = 0; h < kHeads; ++h) {
+      const int kv = h / (kHeads / kKvHeads);
+      const auto modifier = score_modifier<kSoftcap, kAlibi, kSink>(params, b, h, kSeqlenQ, kSeqlenK);
+      for (int i = 0; i < kSeqlenQ; ++i) {
+        // Forward: the online softmax over key tiles, as a kernel runs it.
+        float row_max, row_sum;
+        modifier.first_row_state(row_max, row_sum);
+        std::vector<float> acc(kHeadDim, 0.f);
+        for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {
+          float scores[kKeyTile];
+          float tile_max = row_max;
+          for (int t = 0; t < kKeyTile; ++t) {
+            const int j = j0 + t;
+            scores[t] = j < kSeqlenK && visible(i, j) ? modifier.modified(raw_score(b, h, i, j), i, j) : -INFINITY;
+            tile_max = std::fmax(tile_max, scores[t]);
+          }
+          float offset;
+          const float correction = online_softmax_rescale(row_max, tile_max, scale, offset, expf_);
+          row_sum *= correction;
+          for (float& a : acc) a *= correction;
+          for (int t = 0; t < kKeyTile; ++t) {
+            if (j0 + t >= kSeqlenK) continue;
+            const float p = softmax_probability(scores[t], scale, offset, expf_);
+            row_sum += p;
+            for (int d = 0; d < kHeadDim; ++d) acc[d] += p * static_cast<float>(va[b][j0 + t][kv][d]);
+          }
+        }
+        const SoftmaxResult result = online_softmax_finish(row_max, row_sum, scale);
+        lse[b][h][i] = result.lse;
+        for (int d = 0; d < kHeadDim; ++d) out[b][i][h][d] = acc[d] * result.inverse_sum;
+        // Backward: P from the LSE, dS through the modification.
+        float row_d = 0.f;
+        for (int d = 0; d < kHeadDim; ++d) row_d += static_cast<float>(da[b][i][h][d] * out[b][i][h][d]);
+        if constexpr (kSink) dsinks[h] -= std::exp(params.modification.sinks[h] - result.lse) * row_d;
+        for (int j = 0; j < kSeqlenK; ++j) {
+          if (!visible(i, j)) continue;
+          const float s = raw_score(b, h, i, j);
+          const float p = std::exp(modifier.modified(s, i, j) * scale - result.lse);
+          float dp = 0.f;
+          for (int d = 0; d < kHeadDim; ++d) dp += static_cast<float>(da[b][i][h][d] * va[b][j][kv][d]);
+          const float ds = p * (dp - row_d) * modifier.gradient_factor(s) * scale;
+          for (int d = 0; d < kHeadDim; ++d) {
+            dq[b][i][h][d] += ds * ka[b][j][kv][d];
+            dk[b][j][kv][d] += ds * qa[b][i][h][d];
+            dv[b][j][kv][d] += p * da[b][i][h][d];
+          }
+        }
+      }
+    }
+  return r;
+}
+
+class ScoreModifierCases : public ::testing::TestWithParam<ModifierCase> {};
+
+TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
+  const ModifierCase& c = GetParam();
+  at::manual_seed(static_cast<uint64_t>(testing::test_seed()));
+  const auto options = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor q = at::randn({kBatch, kSeqlenQ, kHeads, kHeadDim}, options);
+  const at::Tensor k = at::randn({kBatch, kSeqlenK, kKvHeads, kHeadDim}, options);
+  const at::Tensor v = at::randn({kBatch, kSeqlenK, kKvHeads, kHeadDim}, options);
+  const at::Tensor dout = at::randn({kBatch, kSeqlenQ, kHeads, kHeadDim}, options);
+  // Scores of about +-2 after scaling, so a cap of 1.5 bends them.
+  const float softmax_scale = 0.7f / std::sqrt(static_cast<float>(kHeadDim)) * 2.f;
+  const at::Tensor slopes = c.alibi_per_batch ? at::rand({kBatch, kHeads}, at::kFloat) * 0.5 + 0.1
+                                              : at::rand({kHeads}, at::kFloat) * 0.5 + 0.1;
+  const at::Tensor sinks = at::randn({kHeads}, at::kFloat);
+
+  ReferenceOptions reference;
+  reference.softmax_scale = softmax_scale;
+  reference.window_right = c.causal ? 0 : -1;
+  reference.compute_dtype = at::kDouble;
+  AttentionParams params;
+  params.softmax_scale = softmax_scale;
+  params.window_right = reference.window_right;
+  if (c.softcap) reference.modification.softcap = params.modification.softcap = 1.5f;
+  if (c.alibi) {
+    reference.modification.alibi_slopes = slopes;
+    params.modification.alibi_slopes = slopes.data_ptr<float>();
+    params.modification.alibi_batch_stride = c.alibi_per_batch ? kHeads : 0;
+  }
+  if (c.sinks) {
+    reference.modification.sinks = sinks;
+    params.modification.sinks = sinks.data_ptr<float>();
+  }
+
+  LoopResult loop;
+  // The three flags as template arguments, as a kernel's dispatch will pass them.
+  const auto run = [&](auto softcap, auto alibi, auto sink) {
+    loop = loop_attention<decltype(softcap)::value, decltype(alibi)::value, decltype(sink)::value>(params, q, k, v,
+                                                                                                  dout);
+  };
+  const auto with_sink = [&](auto softcap, auto alibi) {
+    c.sinks ? run(softcap, alibi, std::true_type{}) : run(softcap, alibi, std::false_type{});
+  };
+  const auto with_alibi = [&](auto softcap) {
+    c.alibi ? with_sink(softcap, std::true_type{}) : with_sink(softcap, std::false_type{});
+  };
+  c.softcap ? with_alibi(std::true_type{}) : with_alibi(std::false_type{});
+  const ReferenceOutput forward = reference_attention(q, k, v, reference);
+  const ReferenceGradients backward = reference_attention_backward(q, k, v, dout, reference);
+  // float32 loop against float64: a few float32 ulps of values of order 1.
+  const auto expect_close = [](const char* name, const at::Tensor& got, const at::Tensor& want) {
+    const double error = (got - want.to(at::kDouble)).abs().max().item<double>();
+    EXPECT_LT(error, 2e-5 * (1 + want.abs().max().item<double>())) << name << ": max error " << error;
+  };
+  expect_close("out", loop.out, forward.out);
+  expect_close("lse", loop.lse, forward.lse);
+  expect_close("dq", loop.dq, backward.dq);
+  expect_close("dk", loop.dk, backward.dk);
+  expect_close("dv", loop.dv, backward.dv);
+  if (c.sinks) expect_close("dsinks", loop.dsinks, backward.dsinks);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    FlashAttnDefinitions, ScoreModifierCases,
+    ::testing::Values(ModifierCase{"none", false, false, false, false, false},
+                      ModifierCase{"softcap", true, false, false, false, false},
+                      ModifierCase{"softcap_causal", true, false, false, false, true},
+                      ModifierCase{"alibi", false, true, false, false, false},
+                      ModifierCase{"alibi_per_batch_causal", false, true, true, false, true},
+                      ModifierCase{"sinks", false, false, false, true, false},
+                      ModifierCase{"sinks_causal", false, false, false, true, true},
+                      ModifierCase{"softcap_alibi_sinks_causal", true, true, true, true, true}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace flashlab

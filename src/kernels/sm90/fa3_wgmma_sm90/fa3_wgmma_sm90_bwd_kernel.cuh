@@ -299,6 +299,21 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
 // fragments: this thread's keys are rows first_key and first_key + 8, its
 // query columns 8 n + 2 quad_col + e).
 
+// Each element index i of a transposed m64nBlockM accumulator (this thread's
+// keys as rows) with its query column's value from `rows` (the LSE or D of
+// the query rows in the stage): f(i, value).
+template <class Tr, class F>
+__device__ __forceinline__ void for_each_query_column(const float* rows, int quad_col, F&& f) {
+#pragma unroll
+  for (int n = 0; n < Tr::kBlockM / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float value = rows[n * 8 + quad_col * 2 + e];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f(n * 4 + h * 2 + e, value);
+    }
+}
+
 // P^T = exp2(S^T * scale_log2 - LSE_log2 of the column's row), in place; the
 // mask (a column policy: rows that do not see the key) where `masked`.
 template <class Tr>
@@ -311,17 +326,9 @@ __device__ __forceinline__ void transposed_probabilities(float (&acc_s)[Tr::kBlo
       mask.apply_column<Tr::kBlockM / 8>(first_key + h * 8, m0, quad_col * 2,
                                          [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
   }
-#pragma unroll
-  for (int n = 0; n < Tr::kBlockM / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float lse_log2 = lse_rows[n * 8 + quad_col * 2 + e];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float& s = acc_s[n * 4 + h * 2 + e];
-        s = sm80::fast_exp2(fmaf(s, scale_log2, -lse_log2));
-      }
-    }
+  for_each_query_column<Tr>(lse_rows, quad_col, [&](int i, float lse_log2) {
+    acc_s[i] = sm80::fast_exp2(fmaf(acc_s[i], scale_log2, -lse_log2));
+  });
 }
 
 // dS^T = P^T * (dP^T - D of the column's row), in place of dP^T.
@@ -329,15 +336,7 @@ template <class Tr>
 __device__ __forceinline__ void transposed_score_gradients(const float (&acc_p)[Tr::kBlockM / 2],
                                                            float (&acc_dp)[Tr::kBlockM / 2], const float* d_rows,
                                                            int quad_col) {
-#pragma unroll
-  for (int n = 0; n < Tr::kBlockM / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const float row_d = d_rows[n * 8 + quad_col * 2 + e];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        acc_dp[n * 4 + h * 2 + e] = acc_p[n * 4 + h * 2 + e] * (acc_dp[n * 4 + h * 2 + e] - row_d);
-    }
+  for_each_query_column<Tr>(d_rows, quad_col, [&](int i, float row_d) { acc_dp[i] = acc_p[i] * (acc_dp[i] - row_d); });
 }
 
 // A consumer's 64 x 64 dQ slab (an m64n64 accumulator) in the accumulator's

@@ -10,6 +10,7 @@
 # Exit 77 (CTest: skipped) without cuda-gdb or a GPU, or, for fa3, an sm_90 GPU.
 # Usage: cuda_gdb_backward.sh path/to/flashlab-run <kernel>
 set -uo pipefail
+source "$(dirname "$0")/cuda_gdb_lib.sh"
 run=$1 kernel=$2
 gdb=$(command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
 [ -x "$gdb" ] || { echo "SKIP: cuda-gdb not found"; exit 77; }
@@ -36,27 +37,11 @@ thread_x=$(grep -oE "[0-9]+" <<<"$thread" | head -n 1)
 [ "$thread_x" -ge 256 ] && [ "$thread_x" -lt 384 ] ||
   { echo "FAIL: --locate put key row $key_row in thread $thread, not in consumer warpgroup 2"; exit 1; }
 
-commands=$(mktemp)
-cat > "$commands" <<GDB
-set pagination off
-set confirm off
-set breakpoint pending on
-set cuda break_on_launch application
-run $problem --backward --repeat 0
-set cuda break_on_launch none
-$break_line
-continue
-$prints
-kill
-quit
-GDB
-transcript=$(CUDA_MODULE_LOADING=EAGER timeout 540 "$gdb" -batch -x "$commands" --args "$run" 2>&1)
-rm -f "$commands"
-echo "$transcript" | grep -vE "^\[(New|Thread|Inferior|Detaching)|Cuda Driver error detected" | tail -n 20
-values=($(grep -E '^\$[0-9]+ = ' <<<"$transcript" | sed -E 's/^\$[0-9]+ = //'))
+transcript=$(cuda_gdb_stop "$gdb" "$run" "$problem --backward --repeat 0" "$break_line" "$prints")
+cuda_gdb_show "$transcript" 20
+values=($(cuda_gdb_values "$transcript"))
 [ ${#values[@]} -ge 2 ] || { echo "FAIL: cuda-gdb printed no values"; exit 1; }
-stopped=$(grep "Switching focus to CUDA kernel" <<<"$transcript" | tail -n 1 |
-          sed -E 's/.*(block \([0-9,]+\)), (thread \([0-9,]+\)).*/\1 \2/')
+stopped=$(cuda_gdb_focus "$transcript")
 echo "--locate: $block $thread; cuda-gdb stopped in: $stopped"
 [ "$stopped" = "$block $thread" ] ||
   { echo "FAIL: the breakpoint stopped in ${stopped:-nothing}, --locate named $block $thread"; exit 1; }

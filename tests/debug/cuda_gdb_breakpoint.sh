@@ -16,6 +16,7 @@
 # Exit 77 (CTest: skipped) without cuda-gdb or a GPU (or, for fa3, an sm_90 GPU).
 # Usage: cuda_gdb_breakpoint.sh path/to/flashlab-run <kernel> path/to/kernel_source.cuh
 set -uo pipefail
+source "$(dirname "$0")/cuda_gdb_lib.sh"
 run=$1 kernel=$2 source=$3
 gdb=$(command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
 [ -x "$gdb" ] || { echo "SKIP: cuda-gdb not found"; exit 77; }
@@ -56,33 +57,15 @@ case $kernel in
   *) echo "FAIL: no cuda-gdb case for kernel '$kernel' (cases: fa1_scalar, fa2_mma_sm80, fa3_wgmma_sm90)"; exit 1 ;;
 esac
 
-commands=$(mktemp)
-cat > "$commands" <<GDB
-set pagination off
-set confirm off
-set breakpoint pending on
-set cuda break_on_launch application
-run $problem $gdb_flags
-set cuda break_on_launch none
-break $(basename "$source"):$line if $condition
-continue
-$focus
-$prints
-kill
-quit
-GDB
-# Eager module loading: at the first kernel launch every kernel of the program is
-# loaded, so the conditional breakpoint (which names kernel locals) can be placed.
-transcript=$(CUDA_MODULE_LOADING=EAGER timeout 540 "$gdb" -batch -x "$commands" --args "$run" 2>&1)
-rm -f "$commands"
-echo "$transcript" | grep -vE "^\[(New|Thread|Inferior|Detaching)|Cuda Driver error detected" | tail -n 25
-values=($(grep -E '^\$[0-9]+ = ' <<<"$transcript" | sed -E 's/^\$[0-9]+ = //'))
+transcript=$(cuda_gdb_stop "$gdb" "$run" "$problem $gdb_flags" "break $(basename "$source"):$line if $condition" \
+             "$focus"$'\n'"$prints")
+cuda_gdb_show "$transcript"
+values=($(cuda_gdb_values "$transcript"))
 if [ ${#values[@]} -lt 3 ]; then echo "FAIL: cuda-gdb printed no values"; exit 1; fi
 if [ "$kernel" != fa1_scalar ]; then
   located=$("$run" $problem --locate 0,$head,$row | grep -o "expect block ([0-9,]*) thread ([0-9,]*)" | head -n 1)
   located=${located#expect }
-  stopped=$(grep "Switching focus to CUDA kernel" <<<"$transcript" | tail -n 1 |
-            sed -E 's/.*(block \([0-9,]+\)), (thread \([0-9,]+\)).*/\1 \2/')
+  stopped=$(cuda_gdb_focus "$transcript")
   echo "--locate: $located; cuda-gdb stopped in: $stopped"
   [ -n "$located" ] && [ "$located" = "$stopped" ] ||
     { echo "FAIL: the breakpoint stopped in $stopped, --locate named ${located:-nothing}"; exit 1; }

@@ -41,6 +41,16 @@ struct AttentionOptions {
   // block_table) on the host before the launch, at the cost of a sync; unset:
   // strict_checks() (see "Values on the device" below).
   std::optional<bool> strict_checks;
+  // Score modifications, flash-attn's definitions (harness/reference.h says
+  // them): softcap > 0 caps the scaled scores at softcap * tanh(s / softcap);
+  // alibi_slopes, float32 (heads) or (batch, heads), subtracts slope * |i +
+  // seqlen_k - seqlen_q - j|; sinks, float32 (heads), adds one logit per head
+  // to every row's softmax denominator. Checked here; no registered kernel
+  // applies them yet (issue 33), so a call with one is refused by the kernel
+  // choice, naming what is missing.
+  double softcap = 0.0;
+  at::Tensor alibi_slopes;
+  at::Tensor sinks;
 };
 
 // ---------------------------------------------------------------------------

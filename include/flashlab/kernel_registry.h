@@ -129,6 +129,12 @@ struct KernelVariant {
   // states follow it): ascending, or from the last tile down (fa3, so the
   // tiles a causal diagonal cuts come first).
   bool key_tiles_descending = false;
+  // The score modifications (ScoreModificationParams) the kernel applies, in
+  // every mode it has; a problem with another is refused by the kernel choice
+  // (score_modification_reason). None yet (issue 33).
+  struct ScoreModifications {
+    bool softcap = false, alibi = false, sinks = false;
+  } score_modifications;
 
   // Empty string when the kernel can run the problem, else a sentence naming
   // what was given and what the kernel accepts. Must not touch the device. The
@@ -220,6 +226,9 @@ std::string architecture_reason(const KernelVariant& kernel, int compute_capabil
 // kernel has no such mode, the problem (the mode's unsupported_reason), the
 // device (params.device_compute_capability), what the mode asks besides (a
 // tile trace: forward only; a block timeline: KV cache). Empty: it can.
+// Why `kernel` cannot apply params.modification: the modifications it lacks,
+// and the registered kernels that have them. Empty: it applies every one asked.
+std::string score_modification_reason(const KernelVariant& kernel, const ScoreModificationParams& modification);
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params);
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionBackwardParams& params);
 std::string cannot_run_reason(const KernelVariant& kernel, const KvCacheParams& params);

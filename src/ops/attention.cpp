@@ -58,6 +58,12 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
       options.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(params.head_dim))));
   params.window_left = options.window_left;
   params.window_right = options.causal ? 0 : options.window_right;
+  params.modification.softcap = static_cast<float>(options.softcap);
+  if (options.alibi_slopes.defined()) {
+    params.modification.alibi_slopes = options.alibi_slopes.data_ptr<float>();
+    params.modification.alibi_batch_stride = options.alibi_slopes.dim() == 2 ? options.alibi_slopes.size(1) : 0;
+  }
+  if (options.sinks.defined()) params.modification.sinks = options.sinks.data_ptr<float>();
   params.device_compute_capability = device_compute_capability(q);
   return params;
 }

@@ -124,6 +124,7 @@ void check_kvcache_structure(const at::Tensor& q, const at::Tensor& k_cache, con
                 *options.softmax_scale);
   TORCH_CHECK(options.num_splits >= 0, "num_splits must be 0 (choose) or >= 1; got ",
               options.num_splits);
+  detail::check_score_modification(options, q.size(0), q.size(2), q.device());
 }
 
 // Every tensor on q's device (before any data_ptr is taken).

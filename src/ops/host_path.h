@@ -148,7 +148,8 @@ template <class Params>
 std::string mode_cannot_run_reason(const KernelVariant& kernel, const Params& params) {
   using Mode = KernelMode<Params>;
   if (!Mode::has(kernel)) return Mode::missing(kernel);
-  std::string reason = Mode::problem_reason(kernel, params);
+  std::string reason = score_modification_reason(kernel, params.modification);
+  if (reason.empty()) reason = Mode::problem_reason(kernel, params);
   if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
   if (reason.empty()) reason = Mode::extra_reason(kernel, params);
   return reason;

@@ -3,6 +3,8 @@
 // the list (fastest first). Developer kernels are listed in
 // src/kernels/dev/dev_kernels.cpp instead.
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "flashlab/kernel_registry.h"
 #include "host_path.h"
@@ -50,6 +52,25 @@ std::string architecture_reason(const KernelVariant& kernel, int compute_capabil
     return {};
   return kernel.name + " runs on " + kernel.architectures.description + "; this device has " +
          compute_capability_text(compute_capability);
+}
+
+std::string score_modification_reason(const KernelVariant& kernel, const ScoreModificationParams& modification) {
+  using Support = KernelVariant::ScoreModifications;
+  const std::pair<const char*, bool Support::*> asked[] = {
+      {modification.softcap != 0.f ? "softcap" : nullptr, &Support::softcap},
+      {modification.alibi_slopes != nullptr ? "alibi_slopes" : nullptr, &Support::alibi},
+      {modification.sinks != nullptr ? "sinks" : nullptr, &Support::sinks}};
+  std::string missing, having;
+  for (const auto& [name, member] : asked) {
+    if (name == nullptr || kernel.score_modifications.*member) continue;
+    missing += (missing.empty() ? "" : ", ") + std::string(name);
+    for (const auto& other : registered_kernels())
+      if (other.score_modifications.*member && having.find(other.name) == std::string::npos)
+        having += (having.empty() ? "" : ", ") + other.name;
+  }
+  if (missing.empty()) return "";
+  return kernel.name + " does not apply " + missing + " (kernels that do: " + (having.empty() ? "none yet" : having) +
+         ")";
 }
 
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params) {

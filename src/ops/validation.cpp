@@ -123,6 +123,27 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (options.softmax_scale)
     TORCH_CHECK(std::isfinite(*options.softmax_scale), "softmax_scale must be finite; got ",
                 *options.softmax_scale);
+  if (!packed_tokens) check_score_modification(options, q.size(0), q.size(2), q.device());
+}
+
+void check_score_modification(const AttentionOptions& options, int64_t batch, int64_t heads,
+                              const at::Device& device) {
+  TORCH_CHECK(std::isfinite(options.softcap) && options.softcap >= 0.0,
+              "softcap must be finite and >= 0 (0 = off); got ", options.softcap);
+  const auto check_float_vector = [&](const char* name, const at::Tensor& tensor, bool per_batch_allowed) {
+    if (!tensor.defined()) return;
+    const bool per_head = tensor.dim() == 1 && tensor.size(0) == heads;
+    const bool per_batch = per_batch_allowed && tensor.dim() == 2 && tensor.size(0) == batch && tensor.size(1) == heads;
+    TORCH_CHECK(per_head || per_batch, name, " must be float32 of shape (heads) = (", heads, ")",
+                per_batch_allowed ? " or (batch, heads) = (" + std::to_string(batch) + ", " + std::to_string(heads) + ")"
+                                  : std::string(),
+                "; got ", shape_text(tensor));
+    TORCH_CHECK(tensor.scalar_type() == at::kFloat, name, " must be float32; got ", tensor.scalar_type());
+    TORCH_CHECK(tensor.is_contiguous(), name, " must be contiguous; got strides ", tensor.strides());
+    TORCH_CHECK(tensor.device() == device, name, " must be on q's device ", device, "; got ", tensor.device());
+  };
+  check_float_vector("alibi_slopes", options.alibi_slopes, /*per_batch_allowed=*/true);
+  check_float_vector("sinks", options.sinks, /*per_batch_allowed=*/false);
 }
 
 void check_same_device(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -188,6 +209,7 @@ void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Ten
   check_varlen_structure(q, k, v, options);
   check_same_device(q, k, v);
   check_cu_seqlens_tensors(q, cu_seqlens_q, cu_seqlens_k);
+  check_score_modification(options, cu_seqlens_q.size(0) - 1, q.size(1), q.device());
   TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "max_seqlen_q and max_seqlen_k must be >= 0; got ",
               max_seqlen_q, " and ", max_seqlen_k);
   if (!host_value_checks(options.strict_checks, q)) return;  // the kernels check them (value_guard.h)

@@ -36,6 +36,12 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 void check_same_device(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+// options' score modifications for `batch` sequences and `heads` query heads
+// on `device`: softcap finite and >= 0; alibi_slopes float32 (heads) or
+// (batch, heads) and sinks float32 (heads), contiguous, on `device`.
+void check_score_modification(const AttentionOptions& options, int64_t batch, int64_t heads,
+                              const at::Device& device);
+
 // out like q (dtype, shape, contiguous last dimension); lse a contiguous
 // float32 tensor of lse_shape, which lse_layout names for the message; both on
 // q's device.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "flashlab/attention.h"
+#include "flashlab/kernel_registry.h"
 #include "test_support.h"
 
 namespace flashlab {
@@ -23,6 +24,43 @@ struct Inputs {
   AttentionOptions options;
   void run() const { attention_forward(q, k, v, options); }
 };
+
+// Score modifications (issue 33): checked with the inputs, on CPU tensors.
+TEST(Validation, ScoreModificationsSayWhatTheyExpect) {
+  Inputs inputs;  // batch 2, 8 query heads
+  inputs.options.softcap = -1.0;
+  expect_rejected([&] { inputs.run(); }, {"softcap must be finite and >= 0", "got -1"});
+  inputs.options.softcap = 0.0;
+  inputs.options.alibi_slopes = cpu_tensor({4}, at::kFloat);
+  expect_rejected([&] { inputs.run(); },
+                  {"alibi_slopes must be float32 of shape (heads) = (8) or (batch, heads) = (2, 8)", "got [4]"});
+  inputs.options.alibi_slopes = cpu_tensor({2, 8}, at::kDouble);
+  expect_rejected([&] { inputs.run(); }, {"alibi_slopes must be float32", "got Double"});
+  inputs.options.alibi_slopes = cpu_tensor({8, 2}, at::kFloat).t();
+  expect_rejected([&] { inputs.run(); }, {"alibi_slopes must be contiguous"});
+  inputs.options.alibi_slopes = at::Tensor();
+  inputs.options.sinks = cpu_tensor({2, 8}, at::kFloat);
+  expect_rejected([&] { inputs.run(); }, {"sinks must be float32 of shape (heads) = (8)", "got [2, 8]"});
+}
+
+// Every registered kernel refuses a modification it does not apply, naming it
+// and the kernels that do (none yet), before any other reason.
+TEST(Validation, KernelsRefuseScoreModificationsTheyDoNotApply) {
+  const float slopes[8] = {}, sinks[8] = {};
+  for (const auto& kernel : registered_kernels()) {
+    AttentionParams params;
+    EXPECT_EQ(score_modification_reason(kernel, params.modification), "") << kernel.name;
+    params.modification.softcap = 30.f;
+    params.modification.alibi_slopes = slopes;
+    EXPECT_EQ(score_modification_reason(kernel, params.modification),
+              kernel.name + " does not apply softcap, alibi_slopes (kernels that do: none yet)");
+    params.modification.softcap = 0.f;
+    params.modification.alibi_slopes = nullptr;
+    params.modification.sinks = sinks;
+    params.head_dim = 100000;  // a problem reason too: the modification's comes first
+    EXPECT_EQ(cannot_run_reason(kernel, params), kernel.name + " does not apply sinks (kernels that do: none yet)");
+  }
+}
 
 TEST(Validation, RankMustBeFour) {
   Inputs inputs;

@@ -42,6 +42,14 @@ struct VarlenInputs {
   }
 };
 
+// ALiBi slopes per batch entry count the sequences (cu_seqlens), not q's rows.
+TEST(VarlenValidation, AlibiSlopesPerSequence) {
+  VarlenInputs inputs;
+  inputs.options.alibi_slopes = cpu_tensor({2, 8}, at::kFloat);
+  expect_rejected([&] { inputs.run(); }, {"alibi_slopes must be float32 of shape (heads) = (8) or (batch, heads) = (3, 8)",
+                                          "got [2, 8]"});
+}
+
 // The inputs with strict checks: the offsets' values are read on the host.
 VarlenInputs strict() {
   VarlenInputs inputs;

@@ -125,6 +125,31 @@ TEST(RotatedDqOrder, RanksAreTheLockStepArrivalOrder) {
       }
 }
 
+// A backward CTA's walk visits each (head of the group, query block) once,
+// heads in turn; a rotated one starts each head at query block m_begin + rotation.
+TEST(RotatedDqOrder, WalksVisitEveryQueryBlockOnceAHead) {
+  for (int m_count = 1; m_count <= 12; ++m_count)
+    for (int rotation = 0; rotation < m_count; ++rotation)
+      for (const int group : {1, 3}) {
+        fa3_wgmma_sm90::QueryWalk walk;
+        walk.m_begin = 5;
+        walk.m_count = m_count;
+        walk.steps = m_count * group;
+        walk.rotation = rotation;
+        walk.rotated = rotation > 0;
+        std::vector<int> visits(group * m_count, 0);
+        for (int step = 0; step < walk.steps; ++step) {
+          const int head = walk.head_in_group(step), block = walk.query_block(step);
+          ASSERT_GE(block, walk.m_begin);
+          ASSERT_LT(block, walk.m_begin + m_count);
+          ASSERT_EQ(head, step / m_count);
+          ++visits[head * m_count + block - walk.m_begin];
+          if (step % m_count == 0) EXPECT_EQ(block, walk.m_begin + rotation);
+        }
+        for (const int count : visits) ASSERT_EQ(count, 1) << m_count << " blocks, rotation " << rotation;
+      }
+}
+
 // Rotated walks only without a mask, in deterministic mode, where every
 // key-block CTA of a (kv head, batch) can be resident at once.
 TEST(RotatedDqOrder, OnlyUnmaskedDeterministicGridsThatFit) {

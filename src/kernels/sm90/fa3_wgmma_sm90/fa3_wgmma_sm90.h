@@ -263,6 +263,19 @@ inline bool rotates_backward_walks(const AttentionBackwardParams& params, int bl
   return params.deterministic && params.window_left < 0 && params.window_right < 0 &&
          (params.seqlen_k + block_n - 1) / block_n <= multiprocessors;
 }
+// The query blocks a backward CTA (one key block) walks, for each head of its
+// kv head's group in turn: m_count blocks from m_begin, ascending, or, rotated
+// (rotates_backward_walks), from m_begin + rotation, wrapping around.
+struct QueryWalk {
+  int m_begin = 0, m_count = 0, steps = 0, rotation = 0;  // steps = m_count x the group's heads
+  bool rotated = false;
+  // The query block (its index) and the group's head (0..group-1) of a step.
+  FLASHLAB_HOST_DEVICE int query_block(int step) const {
+    const int i = step % m_count + rotation;
+    return m_begin + (i < m_count ? i : i - m_count);
+  }
+  FLASHLAB_HOST_DEVICE int head_in_group(int step) const { return step / m_count; }
+};
 // Key block n_block's place among the key blocks adding to query block
 // m_block on rotated walks (n_key_blocks <= m_count, both blocks in range).
 FLASHLAB_HOST_DEVICE constexpr int rotated_dq_rank(int m_block, int n_block, int n_key_blocks, int m_count) {

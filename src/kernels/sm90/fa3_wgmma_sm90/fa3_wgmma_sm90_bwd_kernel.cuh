@@ -106,20 +106,8 @@ __device__ __forceinline__ int cta_key_block(const AttentionBackwardParams& p, i
   return kDeterministic && ranks_descend(p) ? n_key_blocks - 1 - blockIdx.x : blockIdx.x;
 }
 
-// The query blocks a key block's CTA walks, and how many steps (blocks x the
-// group's heads): the producer, the consumers and the dQ writers compute the
-// same. A rotated walk (rotates_backward_walks, fa3_wgmma_sm90.h) starts at
-// query block n_block and wraps around.
-struct QueryWalk {
-  int m_begin = 0, m_count = 0, steps = 0, rotation = 0;
-  bool rotated = false;
-  // The query block (its index) and the group's head (0..group-1) of a step.
-  __device__ int query_block(int step) const {
-    const int i = step % m_count + rotation;
-    return m_begin + (i < m_count ? i : i - m_count);
-  }
-  __device__ int head_in_group(int step) const { return step / m_count; }
-};
+// The walk of a key block's CTA (QueryWalk, fa3_wgmma_sm90.h): the producer,
+// the consumers and the dQ writers compute the same.
 template <class Tr>
 __device__ __forceinline__ QueryWalk query_walk(const BwdKernelArguments& args, const SequenceView& view,
                                                 int n_block) {

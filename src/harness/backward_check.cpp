@@ -67,12 +67,19 @@ BackwardOptions backward_options(const ProblemSpec& spec, bool deterministic) {
   return options;
 }
 
+BackwardOptions backward_options(const ProblemSpec& spec, const ProblemInputs& inputs, bool deterministic) {
+  BackwardOptions options;
+  static_cast<AttentionOptions&>(options) = attention_options(spec, inputs);
+  options.deterministic = deterministic;
+  return options;
+}
+
 AttentionBackwardParams backward_params(const ProblemSpec& spec, const ProblemInputs& inputs,
                                         const ForwardOutputs& outputs, const at::Tensor& dout,
                                         const Gradients& gradients, bool deterministic) {
   const ForwardOutputs forward = shaped_outputs(spec, inputs, outputs);
   const at::Tensor upstream = dout.defined() ? dout : at::empty_like(forward.out);
-  const BackwardOptions options = backward_options(spec, deterministic);
+  const BackwardOptions options = backward_options(spec, inputs, deterministic);
   AttentionBackwardParams params =
       spec.is_varlen()
           ? make_varlen_backward_params(upstream, inputs.q, inputs.k, inputs.v, forward.out,
@@ -146,6 +153,7 @@ BackwardReference reference_backward(const ProblemSpec& spec, const ProblemInput
   options.softmax_scale = params.softmax_scale;
   options.window_left = params.window_left;
   options.window_right = params.window_right;
+  options.modification = reference_modification(spec, inputs);
   const auto run = [&] {
     return spec.is_varlen()
                ? reference_attention_varlen_backward(inputs.q, inputs.k, inputs.v, dout,

@@ -87,11 +87,16 @@ std::string ProblemSpec::describe() const {
     text << ", window (" << window_left << ", " << window_right << ")";
   if (softmax_scale) text << ", softmax_scale " << *softmax_scale;
   if (qk_input_scale != 1.0) text << ", q and k scaled by " << qk_input_scale;
+  if (softcap != 0.0) text << ", softcap " << softcap;
+  if (alibi != Alibi::none) text << ", alibi " << (alibi == Alibi::per_head ? "per head" : "per batch entry and head");
+  if (sinks) text << ", sinks";
   text << ", " << (layout == Layout::bshd ? "bshd" : "packed-qkv") << ", seed " << seed;
   return text.str();
 }
 
 AttentionOptions ProblemSpec::attention_options() const {
+  TORCH_CHECK(!modified(), "the problem has score modifications (", describe(),
+              "): its options come from attention_options(spec, inputs)");
   AttentionOptions options;
   options.causal = causal;
   options.softmax_scale = softmax_scale;
@@ -166,7 +171,42 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
     inputs.q.mul_(spec.qk_input_scale);
     inputs.k.mul_(spec.qk_input_scale);
   }
+  const auto float32 = at::TensorOptions().dtype(at::kFloat);
+  if (spec.alibi != ProblemSpec::Alibi::none) {
+    const at::Tensor heads = at::arange(1, spec.heads + 1, float32.dtype(at::kDouble));
+    at::Tensor slopes = at::pow(2.0, heads * (-8.0 / spec.heads));
+    if (spec.alibi == ProblemSpec::Alibi::per_batch) {
+      const int64_t batches = spec.is_varlen() ? static_cast<int64_t>(spec.seqlens_q.size()) : spec.batch;
+      slopes = at::outer(at::arange(1, batches + 1, float32.dtype(at::kDouble)) / batches, slopes);
+    }
+    inputs.alibi_slopes = slopes.to(at::kFloat).contiguous().to(device);
+  }
+  if (spec.sinks)
+    inputs.sinks = random ? mt19937_normal({spec.heads}, sinks_seed(spec.seed), device).to(at::kFloat)
+                          : at::zeros({spec.heads}, float32.device(device));
   return inputs;
+}
+
+uint64_t sinks_seed(uint64_t seed) { return seed ^ 0x2545F4914F6CDD1DULL; }
+
+AttentionOptions attention_options(const ProblemSpec& spec, const ProblemInputs& inputs) {
+  ProblemSpec plain = spec;
+  plain.softcap = 0.0;
+  plain.alibi = ProblemSpec::Alibi::none;
+  plain.sinks = false;
+  AttentionOptions options = plain.attention_options();
+  options.softcap = spec.softcap;
+  options.alibi_slopes = inputs.alibi_slopes;
+  options.sinks = inputs.sinks;
+  return options;
+}
+
+ScoreModification reference_modification(const ProblemSpec& spec, const ProblemInputs& inputs) {
+  ScoreModification modification;
+  modification.softcap = spec.softcap;
+  modification.alibi_slopes = inputs.alibi_slopes;
+  modification.sinks = inputs.sinks;
+  return modification;
 }
 
 std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& spec,
@@ -176,13 +216,13 @@ std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& s
     const ProblemInputs inputs = make_inputs(spec, at::kCPU, /*random=*/false);
     params = make_varlen_params(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
                                 inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
-                                at::Tensor(), at::Tensor(), spec.attention_options());
+                                at::Tensor(), at::Tensor(), attention_options(spec, inputs));
   } else {
     ProblemSpec shape_only = spec;
     shape_only.batch = 1;  // strides and support do not depend on the batch count
     const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
     params = make_params(inputs.q, inputs.k, inputs.v, at::Tensor(), at::Tensor(),
-                         spec.attention_options());
+                         attention_options(shape_only, inputs));
     params.batch = spec.batch;
   }
   params.device_compute_capability = compute_capability;
@@ -215,7 +255,7 @@ std::string select_cuda_device(int index) {
 }
 
 const KernelVariant& resolve_kernel(const ProblemSpec& spec, const ProblemInputs& inputs) {
-  const AttentionOptions options = spec.attention_options();
+  const AttentionOptions options = attention_options(spec, inputs);
   // Developer kernels (planted bug, tuning configurations) by name.
   if (spec.kernel != "auto" && find_kernel(spec.kernel) == nullptr)
     if (const KernelVariant* dev = find_any_kernel(spec.kernel)) {
@@ -235,7 +275,7 @@ const KernelVariant& resolve_kernel(const ProblemSpec& spec, const ProblemInputs
 
 AttentionParams forward_params(const ProblemSpec& spec, const ProblemInputs& inputs,
                                const at::Tensor& out, const at::Tensor& lse) {
-  const AttentionOptions options = spec.attention_options();
+  const AttentionOptions options = attention_options(spec, inputs);
   return spec.is_varlen()
              ? make_varlen_params(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
                                   inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
@@ -268,6 +308,7 @@ ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs&
   options.softmax_scale = params.softmax_scale;
   options.window_left = params.window_left;
   options.window_right = params.window_right;
+  options.modification = reference_modification(spec, inputs);
   const auto run = [&] {
     return spec.is_varlen()
                ? reference_attention_varlen(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,

@@ -152,6 +152,19 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
               [&](const std::string& v) { spec.window_right = parse_int("--window-right", v, -1, kIntMax); })
       .option("--softmax-scale", "X", "(default 1/sqrt(D))",
               [&](const std::string& v) { spec.softmax_scale = flashlab::parse_number("--softmax-scale", v); })
+      .option("--softcap", "X",
+              "cap the scaled scores at X * tanh(s / X) (flash-attn's softcap; 0 = off;\nno kernel applies it yet)",
+              [&](const std::string& v) { spec.softcap = flashlab::parse_number("--softcap", v); })
+      .option("--alibi", "per-head|per-batch",
+              "ALiBi slopes 2^(-8 (h + 1) / H), per head or per batch entry and head\n(no kernel applies them yet)",
+              [&](const std::string& v) {
+                spec.alibi = flashlab::parse_choice<flashlab::ProblemSpec::Alibi>(
+                    "--alibi", v,
+                    {{"per-head", flashlab::ProblemSpec::Alibi::per_head},
+                     {"per-batch", flashlab::ProblemSpec::Alibi::per_batch}});
+              })
+      .flag("--sinks", "a sink logit per head, normal(0, 1) from the seed (no kernel applies it yet)",
+            [&] { spec.sinks = true; })
       .option("--device", "N", "the CUDA device to run on (default: the current one, 0 unless\nCUDA_VISIBLE_DEVICES says otherwise)",
               [&](const std::string& v) { arguments.device = parse_int("--device", v, 0, kIntMax); })
       .option("--seed", "N", "(default: a fresh seed, printed so the run can be repeated)",
@@ -306,6 +319,11 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     throw ArgumentError("--show-state goes with --trace-tiles");
   if (arguments.deterministic && !arguments.backward)
     throw ArgumentError("--deterministic goes with --backward");
+  if (spec.softcap < 0.0)
+    throw ArgumentError("--softcap must be >= 0 (0 = off); got " + std::to_string(spec.softcap));
+  if (spec.modified() && (arguments.kvcache || arguments.trace_tiles || arguments.memory))
+    throw ArgumentError("--softcap, --alibi and --sinks go with the forward and --backward checks and "
+                        "--locate (not --kvcache, --trace-tiles or --memory yet)");
   if (!arguments.show_element.empty() && !arguments.backward)
     throw ArgumentError("--show-element goes with --backward");
   if (!arguments.locate.empty()) {

@@ -38,6 +38,8 @@ uint64_t dout_seed(uint64_t seed);
 at::Tensor make_dout(const ProblemSpec& spec, const ProblemInputs& inputs);
 
 BackwardOptions backward_options(const ProblemSpec& spec, bool deterministic = false);
+// With the inputs' score modifications (any spec).
+BackwardOptions backward_options(const ProblemSpec& spec, const ProblemInputs& inputs, bool deterministic);
 
 struct Gradients {
   at::Tensor dq, dk, dv;  // shapes of q, k, v

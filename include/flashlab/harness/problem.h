@@ -36,10 +36,21 @@ struct ProblemSpec {
   // Q and K are multiplied by this after drawing, so scores grow by its square
   // (overflow tests).
   double qk_input_scale = 1.0;
+  // Score modifications (issue 33; AttentionOptions says their definitions):
+  // softcap (0: off); ALiBi slopes, ALiBi's geometric 2^(-8 (h + 1) / heads)
+  // per head, or per batch entry and head times (b + 1) / batches; sinks,
+  // normal(0, 1) per head from their own MT19937 stream (sinks_seed).
+  enum class Alibi { none, per_head, per_batch };
+  double softcap = 0.0;
+  Alibi alibi = Alibi::none;
+  bool sinks = false;
+  bool modified() const { return softcap != 0.0 || alibi != Alibi::none || sinks; }
 
   bool is_varlen() const { return !seqlens_q.empty(); }
   const std::vector<int>& key_seqlens() const { return seqlens_k.empty() ? seqlens_q : seqlens_k; }
   std::string describe() const;
+  // The options of a problem without score modifications (a modified one
+  // needs its inputs: attention_options(spec, inputs)).
   AttentionOptions attention_options() const;
 };
 
@@ -49,7 +60,16 @@ struct ProblemInputs {
   // sequences (cu_seqlens int32 on the inputs' device).
   at::Tensor cu_seqlens_q, cu_seqlens_k;
   int max_seqlen_q = 0, max_seqlen_k = 0;
+  // ProblemSpec's score modifications, float32 on the inputs' device; undefined when off.
+  at::Tensor alibi_slopes, sinks;
 };
+
+// The options of spec with its inputs' score modifications.
+AttentionOptions attention_options(const ProblemSpec& spec, const ProblemInputs& inputs);
+// The reference's modification for spec and its inputs.
+ScoreModification reference_modification(const ProblemSpec& spec, const ProblemInputs& inputs);
+// The sinks' MT19937 stream: apart from Q, K, V's and dout's.
+uint64_t sinks_seed(uint64_t seed);
 
 // Q, K, V from MT19937 normal(0, 1) values seeded by spec.seed. With
 // random = false the tensors have the right shapes and strides but no values

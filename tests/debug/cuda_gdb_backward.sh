@@ -20,7 +20,8 @@ if [ "$kernel" = fa3_wgmma_sm90 ]; then
   [ "$cc" = "9.0" ] || { echo "SKIP: fa3_wgmma_sm90 needs compute capability 9.0; this GPU has $cc"; exit 77; }
 fi
 
-# Key row 200: key block 1, row 72 of it, so the second 64-key half of the
+# The problem of .vscode/launch.json's fa3 backward configuration. Key row 200:
+# key block 1, row 72 of it, so the second 64-key half of the
 # block (consumer warpgroup 2); head 1 of a two-head GQA group.
 batch=0 head=1 key_row=200 col=5
 problem="--kernel $kernel --batch 1 --heads 2 --kv-heads 1 --seqlen-q 200 --seqlen-k 300 --head-dim 64 --dtype bf16 --seed 7"

@@ -97,15 +97,15 @@ std::string backward_unsupported_reason(const KernelVariant& kernel, const Probl
   // The check runs the kernel's own forward first.
   std::string reason = unsupported_reason(kernel, spec, compute_capability);
   if (!reason.empty()) return reason;
-  ProblemSpec shape_only = spec;
-  if (!spec.is_varlen()) shape_only.batch = 1;  // support does not depend on the batch count
-  const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
-  AttentionBackwardParams params = backward_params(shape_only, inputs);
-  if (!spec.is_varlen()) params.batch = spec.batch;
-  params.device_compute_capability = compute_capability;
-  // The op library's own words: no backward ("<kernel> has no backward pass (kernels with one: ...)"),
-  // the problem, the device.
-  return cannot_run_reason(kernel, params);
+  return with_host_shape_params(
+      spec,
+      [](const ProblemSpec& shape_only, const ProblemInputs& inputs) { return backward_params(shape_only, inputs); },
+      [&](AttentionBackwardParams& params) {
+        params.device_compute_capability = compute_capability;
+        // The op library's own words: no backward ("<kernel> has no backward pass (kernels with
+        // one: ...)"), the problem, the device.
+        return cannot_run_reason(kernel, params);
+      });
 }
 
 const KernelVariant& resolve_backward_kernel(const ProblemSpec& spec, const ProblemInputs& inputs) {

@@ -102,14 +102,9 @@ ElementLocation locate_element(const KernelVariant& kernel, const ProblemSpec& s
   TORCH_CHECK(kernel.locate != nullptr, "kernel ", kernel.name,
               " does not describe where its elements live (KernelVariant::locate is not set)");
   check_locate_indices(spec, batch, head, col);
-  // The parameter block on the host: shapes and strides only (no values); the
-  // batch count does not change strides, so a fixed-length spec is built with one.
-  ProblemSpec shape_only = spec;
-  if (!spec.is_varlen()) shape_only.batch = 1;
-  const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
-  AttentionParams params = forward_params(shape_only, inputs);
-  if (!spec.is_varlen()) params.batch = spec.batch;
-  return kernel.locate(params, batch, head, row, col);
+  return with_host_shape_params(
+      spec, [](const ProblemSpec& shape_only, const ProblemInputs& inputs) { return forward_params(shape_only, inputs); },
+      [&](const AttentionParams& params) { return kernel.locate(params, batch, head, row, col); });
 }
 
 int chosen_key_tile(const ElementLocation& location) {
@@ -222,12 +217,12 @@ BackwardElementLocation locate_backward_element(const KernelVariant& kernel, con
   TORCH_CHECK(kernel.backward_locate != nullptr, "kernel ", kernel.name,
               " does not describe where its backward's elements live (KernelVariant::backward_locate is not set)");
   check_locate_indices(spec, batch, head, col);
-  ProblemSpec shape_only = spec;
-  if (!spec.is_varlen()) shape_only.batch = 1;
-  const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
-  AttentionBackwardParams params = backward_params(shape_only, inputs, {}, at::Tensor(), {}, deterministic);
-  if (!spec.is_varlen()) params.batch = spec.batch;
-  return kernel.backward_locate(params, batch, head, row, col);
+  return with_host_shape_params(
+      spec,
+      [&](const ProblemSpec& shape_only, const ProblemInputs& inputs) {
+        return backward_params(shape_only, inputs, {}, at::Tensor(), {}, deterministic);
+      },
+      [&](const AttentionBackwardParams& params) { return kernel.backward_locate(params, batch, head, row, col); });
 }
 
 std::string format_backward_location(const KernelVariant& kernel, const ProblemSpec& spec, bool deterministic,

@@ -211,22 +211,12 @@ ScoreModification reference_modification(const ProblemSpec& spec, const ProblemI
 
 std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& spec,
                                int compute_capability) {
-  AttentionParams params;
-  if (spec.is_varlen()) {
-    const ProblemInputs inputs = make_inputs(spec, at::kCPU, /*random=*/false);
-    params = make_varlen_params(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
-                                inputs.cu_seqlens_k, inputs.max_seqlen_q, inputs.max_seqlen_k,
-                                at::Tensor(), at::Tensor(), attention_options(spec, inputs));
-  } else {
-    ProblemSpec shape_only = spec;
-    shape_only.batch = 1;  // strides and support do not depend on the batch count
-    const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
-    params = make_params(inputs.q, inputs.k, inputs.v, at::Tensor(), at::Tensor(),
-                         attention_options(shape_only, inputs));
-    params.batch = spec.batch;
-  }
-  params.device_compute_capability = compute_capability;
-  return cannot_run_reason(kernel, params);
+  return with_host_shape_params(
+      spec, [](const ProblemSpec& shape_only, const ProblemInputs& inputs) { return forward_params(shape_only, inputs); },
+      [&](AttentionParams& params) {
+        params.device_compute_capability = compute_capability;
+        return cannot_run_reason(kernel, params);
+      });
 }
 
 std::string cuda_unavailable_reason() {

@@ -59,12 +59,17 @@ struct HostParams {
   AttentionParams params;
 };
 HostParams host_params(const ProblemSpec& spec) {
-  ProblemSpec shape_only = spec;
-  if (!spec.is_varlen()) shape_only.batch = 1;
   HostParams host;
-  host.inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
-  host.params = forward_params(shape_only, host.inputs);
-  if (!spec.is_varlen()) host.params.batch = spec.batch;
+  with_host_shape_params(
+      spec,
+      [&](const ProblemSpec& shape_only, const ProblemInputs& inputs) {
+        host.inputs = inputs;  // tensors are shared: host.params' pointers stay valid
+        return forward_params(shape_only, inputs);
+      },
+      [&](const AttentionParams& params) {
+        host.params = params;
+        return 0;
+      });
   return host;
 }
 

@@ -76,6 +76,23 @@ uint64_t sinks_seed(uint64_t seed);
 // (enough to ask a kernel whether it supports the problem).
 ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool random = true);
 
+// A parameter block of spec built on the host from shapes and strides alone
+// (CPU tensors without values): make(spec', inputs) on spec with one batch
+// entry when it is fixed-length (strides and support do not depend on the
+// batch count), then given spec's batch count; use(params) runs while the
+// tensors its pointers point into (a varlen batch's cu_seqlens, which
+// sequence_view reads) are alive, and its result is returned. Support checks
+// and --locate.
+template <class Make, class Use>
+auto with_host_shape_params(const ProblemSpec& spec, Make&& make, Use&& use) {
+  ProblemSpec shape_only = spec;
+  if (!spec.is_varlen()) shape_only.batch = 1;
+  const ProblemInputs inputs = make_inputs(shape_only, at::kCPU, /*random=*/false);
+  auto params = make(shape_only, inputs);
+  if (!spec.is_varlen()) params.batch = spec.batch;
+  return use(params);
+}
+
 // Empty when `kernel` can run the spec on a device of this compute capability
 // (0: any), else the reason. Touches no device.
 std::string unsupported_reason(const KernelVariant& kernel, const ProblemSpec& spec,

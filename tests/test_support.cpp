@@ -64,6 +64,21 @@ void KernelCaseTest::SetUp() {
   if (!reason.empty()) GTEST_SKIP() << reason;
 }
 
+ReferenceProblem reference_problem(uint64_t seed, int batch, int seqlen_q, int seqlen_k, int heads, int kv_heads,
+                                   int head_dim, double softmax_scale, int window_left, int window_right) {
+  at::manual_seed(seed);
+  ReferenceProblem problem;
+  problem.q = at::randn({batch, seqlen_q, heads, head_dim}, at::kDouble);
+  problem.k = at::randn({batch, seqlen_k, kv_heads, head_dim}, at::kDouble);
+  problem.v = at::randn({batch, seqlen_k, kv_heads, head_dim}, at::kDouble);
+  problem.dout = at::randn({batch, seqlen_q, heads, head_dim}, at::kDouble);
+  problem.options.softmax_scale = softmax_scale;
+  problem.options.window_left = window_left;
+  problem.options.window_right = window_right;
+  problem.options.compute_dtype = at::kDouble;
+  return problem;
+}
+
 ProblemSpec steps_fixed_length_spec() {
   ProblemSpec spec;
   spec.kernel = "fa1_scalar";

@@ -23,6 +23,17 @@
 
 namespace flashlab::testing {
 
+// A float64 problem for the reference's CPU tests: q (batch, seqlen_q,
+// heads, head_dim), k and v (batch, seqlen_k, kv_heads, head_dim) and dout
+// like q, normal(0, 1) from torch's CPU generator seeded with `seed` (drawn
+// in that order), and float64 reference options with the scale and window.
+struct ReferenceProblem {
+  at::Tensor q, k, v, dout;
+  ReferenceOptions options;
+};
+ReferenceProblem reference_problem(uint64_t seed, int batch, int seqlen_q, int seqlen_k, int heads, int kv_heads,
+                                   int head_dim, double softmax_scale, int window_left, int window_right);
+
 // A fresh seed per test run, printed by the test so a failure can be replayed
 // (FLASHLAB_TEST_SEED=N pins it).
 uint64_t test_seed();

@@ -5,29 +5,16 @@
 #include <gtest/gtest.h>
 
 #include "flashlab/harness/reference.h"
+#include "test_support.h"
 
 namespace flashlab {
 namespace {
 
-struct Problem {
-  at::Tensor q, k, v, dout;
-  ReferenceOptions options;
-};
+using Problem = testing::ReferenceProblem;
 
 // 2 query heads over 1 kv head; causal with seqlen_q > seqlen_k, so the first
 // rows (row + seqlen_k - seqlen_q < 0) see no key.
-Problem small_problem() {
-  at::manual_seed(11);
-  Problem problem;
-  problem.q = at::randn({1, 7, 2, 4}, at::kDouble);
-  problem.k = at::randn({1, 5, 1, 4}, at::kDouble);
-  problem.v = at::randn({1, 5, 1, 4}, at::kDouble);
-  problem.dout = at::randn({1, 7, 2, 4}, at::kDouble);
-  problem.options.softmax_scale = 0.5;
-  problem.options.window_right = 0;
-  problem.options.compute_dtype = at::kDouble;
-  return problem;
-}
+Problem small_problem() { return testing::reference_problem(11, 1, 7, 5, 2, 1, 4, 0.5, -1, 0); }
 
 // dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P (dP - D),
 // dQ = scale dS K, dK = scale dS^T Q; GQA sums dK, dV over the group.

@@ -16,28 +16,16 @@
 
 #include "common/visible_keys.h"
 #include "flashlab/harness/reference.h"
+#include "test_support.h"
 
 namespace flashlab {
 namespace {
 
-struct Problem {
-  at::Tensor q, k, v, dout;
-  ReferenceOptions options;
-};
+using Problem = testing::ReferenceProblem;
 
 // Batch 2, 4 query heads over 2 kv heads, 7 query rows, 13 keys, head_dim 5.
 Problem odd_problem(int window_left, int window_right) {
-  at::manual_seed(33);
-  Problem problem;
-  problem.q = at::randn({2, 7, 4, 5}, at::kDouble);
-  problem.k = at::randn({2, 13, 2, 5}, at::kDouble);
-  problem.v = at::randn({2, 13, 2, 5}, at::kDouble);
-  problem.dout = at::randn({2, 7, 4, 5}, at::kDouble);
-  problem.options.softmax_scale = 0.7;
-  problem.options.window_left = window_left;
-  problem.options.window_right = window_right;
-  problem.options.compute_dtype = at::kDouble;
-  return problem;
+  return testing::reference_problem(33, 2, 7, 13, 4, 2, 5, 0.7, window_left, window_right);
 }
 
 // out and lse one element at a time (flash-attn's order: scale, softcap,

@@ -152,7 +152,10 @@ using sm80::fast_exp2;
 using sm80::pack2;
 
 // The CTA's mbarriers: K/V (the TMA bytes), and per ring stage Q and dO
-// full (the TMA bytes) and empty (one arrival per consumer warp).
+// full (the TMA bytes) and empty (one arrival per consumer thread: each
+// thread's reads of the stage's LSE / D rows are then ordered before the
+// producer's next bulk copy into them by its own release; one arrival a warp
+// after __syncwarp drew racecheck hazards, session 22).
 template <class Tr>
 struct BwdBarriers {
   uint64_t* kv_full;
@@ -164,13 +167,13 @@ struct BwdBarriers {
       : kv_full(base), q_full(base + 1), q_empty(q_full + Tr::kStages), do_full(q_empty + Tr::kStages),
         do_empty(do_full + Tr::kStages) {}
   __device__ void init() const {
-    constexpr int kConsumerWarps = 4 * Tr::kConsumers;
+    constexpr int kConsumerThreads = 128 * Tr::kConsumers;
     sm90::mbarrier_init(kv_full, 1);
     for (int s = 0; s < Tr::kStages; ++s) {
       sm90::mbarrier_init(&q_full[s], 1);
-      sm90::mbarrier_init(&q_empty[s], kConsumerWarps);
+      sm90::mbarrier_init(&q_empty[s], kConsumerThreads);
       sm90::mbarrier_init(&do_full[s], 1);
-      sm90::mbarrier_init(&do_empty[s], kConsumerWarps);
+      sm90::mbarrier_init(&do_empty[s], kConsumerThreads);
     }
     sm90::fence_barrier_init();
   }
@@ -467,12 +470,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
                                      (query % 8) * 2) = ds_frag[n / 2][(n % 2) * 2 + h];
       }
   };
-  // One arrival a warp, after the warp's reads of the stage (the LSE / D rows
-  // in shared memory) are ordered before it.
-  const auto release = [&](uint64_t* barrier) {
-    __syncwarp();
-    if (lane == 0) sm90::mbarrier_arrive(barrier);
-  };
+  // Every consumer thread arrives, after its reads of the stage (BwdBarriers).
+  const auto release = [&](uint64_t* barrier) { sm90::mbarrier_arrive(barrier); };
 
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;

@@ -45,8 +45,9 @@ struct AttentionOptions {
   // them): softcap > 0 caps the scaled scores at softcap * tanh(s / softcap);
   // alibi_slopes, float32 (heads) or (batch, heads), subtracts slope * |i +
   // seqlen_k - seqlen_q - j|; sinks, float32 (heads), adds one logit per head
-  // to every row's softmax denominator. Checked here; no registered kernel
-  // applies them yet (issue 33), so a call with one is refused by the kernel
+  // to every row's softmax denominator (the LSE counts it; a row that sees no
+  // key gives 0 and LSE = sink). Checked here; a kernel that does not apply
+  // one (KernelVariant's *_score_modifications) is refused by the kernel
   // choice, naming what is missing.
   double softcap = 0.0;
   at::Tensor alibi_slopes;
@@ -173,10 +174,14 @@ AttentionParams make_varlen_params(const at::Tensor& q, const at::Tensor& k, con
 struct BackwardOptions : AttentionOptions {
   // dq, dk, dv bitwise equal run to run (no float atomics in a run-dependent order).
   bool deterministic = false;
+  // With sinks, the _into forms write dL/dsinks here (float32 (heads),
+  // contiguous, sinks' device) when it is defined.
+  at::Tensor dsinks;
 };
 
 struct AttentionGradients {
   at::Tensor dq, dk, dv;  // like q, k, v
+  at::Tensor dsinks;      // with options.sinks: float32 (heads), -sum over rows of exp(sink - lse) * D
 };
 
 AttentionGradients attention_backward(const at::Tensor& dout, const at::Tensor& q,

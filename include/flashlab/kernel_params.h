@@ -55,14 +55,17 @@ struct DeviceErrorLog {
 
 // Score modifications (issue 33; common/score_modification.h applies them):
 // flash-attn's softcap, ALiBi slopes and attention sinks. All off by default;
-// no kernel reads them and no API sets them yet (session 22: the policy and
-// its test first).
+// KernelVariant's *_score_modifications say which kernel applies which, in
+// which mode.
 struct ScoreModificationParams {
   float softcap = 0.f;                   // > 0: scaled scores s -> softcap * tanh(s / softcap)
   const float* alibi_slopes = nullptr;   // float32, (heads) or (batch, heads), on the device
   int64_t alibi_batch_stride = 0;        // 0 for (heads): one slope per head for every batch entry
   const float* sinks = nullptr;          // float32 (heads), on the device: a logit in every row's denominator
   FLASHLAB_HOST_DEVICE bool any() const { return softcap != 0.f || alibi_slopes != nullptr || sinks != nullptr; }
+  // The ones that change each score (the backward's per-element work): sinks
+  // alone only enter the LSE, which the backward reads as the forward wrote it.
+  FLASHLAB_HOST_DEVICE bool per_element() const { return softcap != 0.f || alibi_slopes != nullptr; }
 };
 
 // Strides are in elements. Tensors are logically (batch, seqlen, heads, head_dim)
@@ -156,6 +159,10 @@ struct AttentionBackwardParams : AttentionParams {
 
   // Bitwise reproducible dq (no float atomics in a run-dependent order).
   bool deterministic = false;
+
+  // With attention sinks (modification.sinks): float32 (heads), written with
+  // dL/dsink = -sum over rows of exp(sink - lse) * D (not accumulated).
+  float* dsinks = nullptr;
 };
 
 // Decoding with a KV cache (flash_attn_with_kvcache). The base block

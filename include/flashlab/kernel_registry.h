@@ -129,12 +129,13 @@ struct KernelVariant {
   // states follow it): ascending, or from the last tile down (fa3, so the
   // tiles a causal diagonal cuts come first).
   bool key_tiles_descending = false;
-  // The score modifications (ScoreModificationParams) the kernel applies, in
-  // every mode it has; a problem with another is refused by the kernel choice
-  // (score_modification_reason). None yet (issue 33).
+  // The score modifications (ScoreModificationParams) the kernel applies, per
+  // mode; a problem with another is refused by the kernel choice
+  // (score_modification_reason) before any other reason.
   struct ScoreModifications {
     bool softcap = false, alibi = false, sinks = false;
-  } score_modifications;
+  };
+  ScoreModifications forward_score_modifications, backward_score_modifications, kvcache_score_modifications;
 
   // Empty string when the kernel can run the problem, else a sentence naming
   // what was given and what the kernel accepts. Must not touch the device. The
@@ -226,9 +227,14 @@ std::string architecture_reason(const KernelVariant& kernel, int compute_capabil
 // kernel has no such mode, the problem (the mode's unsupported_reason), the
 // device (params.device_compute_capability), what the mode asks besides (a
 // tile trace: forward only; a block timeline: KV cache). Empty: it can.
-// Why `kernel` cannot apply params.modification: the modifications it lacks,
-// and the registered kernels that have them. Empty: it applies every one asked.
-std::string score_modification_reason(const KernelVariant& kernel, const ScoreModificationParams& modification);
+// Why `kernel` cannot apply `modification` in a mode (`mode`: which of its
+// *_score_modifications; `mode_words`: "" for the forward, "'s backward",
+// "'s KV-cache path"): the modifications it lacks, and the registered kernels
+// that have them in that mode. Empty: it applies every one asked.
+std::string score_modification_reason(
+    const KernelVariant& kernel, const ScoreModificationParams& modification,
+    KernelVariant::ScoreModifications KernelVariant::*mode = &KernelVariant::forward_score_modifications,
+    const char* mode_words = "");
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params);
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionBackwardParams& params);
 std::string cannot_run_reason(const KernelVariant& kernel, const KvCacheParams& params);

@@ -75,6 +75,8 @@ void KernelMode<AttentionBackwardParams>::check_pointers(const AttentionBackward
     if (pointer == nullptr && has_rows) missing += std::string(missing.empty() ? "" : ", ") + name;
   TORCH_CHECK(missing.empty(), "run_backward_kernel needs every tensor of the backward; got no ",
               missing, " (make_backward_params leaves a pointer null for an undefined tensor)");
+  TORCH_CHECK(params.modification.sinks == nullptr || params.dsinks != nullptr,
+              "run_backward_kernel with sinks needs a dsinks pointer (float32, heads); got none");
 }
 
 bool KernelMode<AttentionBackwardParams>::finish_empty(const AttentionBackwardParams& params) {
@@ -85,6 +87,9 @@ bool KernelMode<AttentionBackwardParams>::finish_empty(const AttentionBackwardPa
   const auto stream = static_cast<cudaStream_t>(params.stream);
   const int entries = params.is_varlen() ? 1 : params.batch;
   const size_t bytes = element_bytes(params.dtype);
+  // No row sees a key: out = 0, so D = 0 and every row's sink term vanishes.
+  if (params.dsinks != nullptr)
+    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(params.dsinks, 0, sizeof(float) * params.heads, stream));
   if (params.seqlen_k == 0) {
     const int64_t rows = params.is_varlen() ? params.total_rows_q : params.seqlen_q;
     zero_rows(params.dq, bytes, entries, params.dq_batch_stride, rows, params.dq_row_stride,
@@ -139,6 +144,17 @@ AttentionGradients backward(const at::Tensor& dout, const at::Tensor& q, const a
   const KernelVariant& kernel =
       select_backward_kernel(params, options.kernel, HeadDimPadding::allowed);
   const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k and v");
+  at::Tensor dsinks = into ? options.dsinks : at::Tensor();
+  if (options.sinks.defined()) {
+    if (dsinks.defined()) {
+      TORCH_CHECK(dsinks.scalar_type() == at::kFloat && dsinks.dim() == 1 && dsinks.size(0) == params.heads &&
+                      dsinks.is_contiguous() && dsinks.device() == options.sinks.device(),
+                  "dsinks must be a contiguous float32 tensor of shape (heads) = (", params.heads, ") on ",
+                  options.sinks.device(), "; got ", dsinks.scalar_type(), " ", dsinks.sizes(), " on ", dsinks.device());
+    } else {
+      dsinks = at::empty({params.heads}, options.sinks.options());
+    }
+  }
   if (!into) gradients = {};
   detail::LaunchTensors tensors;
   tensors.inputs = {dout, q, k, v, out};
@@ -147,10 +163,12 @@ AttentionGradients backward(const at::Tensor& dout, const at::Tensor& q, const a
   const std::vector<at::Tensor> result = detail::run_at_kernel_head_dim(
       kernel, q.size(-1), tensors, options, [&](const detail::LaunchTensors& run, const BackwardOptions& run_options) {
         const auto& in = run.inputs;
-        detail::launch_mode_kernel(kernel, make(in[0], in[1], in[2], in[3], in[4],
-                                                {run.outputs[0], run.outputs[1], run.outputs[2]}, run_options));
+        AttentionBackwardParams run_params =
+            make(in[0], in[1], in[2], in[3], in[4], {run.outputs[0], run.outputs[1], run.outputs[2]}, run_options);
+        if (dsinks.defined()) run_params.dsinks = dsinks.data_ptr<float>();
+        detail::launch_mode_kernel(kernel, run_params);
       });
-  return {result[0], result[1], result[2]};
+  return {result[0], result[1], result[2], dsinks};
 }
 
 }  // namespace

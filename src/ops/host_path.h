@@ -40,6 +40,8 @@ struct KernelMode<AttentionParams> {
   static constexpr const char* kEntry = "attention_forward";   // the entry that pads head dims
   static constexpr const char* kCannotRun = " cannot run ";     // "kernel X cannot run <problem>"
   static constexpr const char* kNoneCanRun = "no registered kernel can run ";
+  static constexpr auto kModifications = &KernelVariant::forward_score_modifications;
+  static constexpr const char* kModeWords = "";
   static bool has(const KernelVariant& kernel) { return kernel.launch != nullptr; }
   static std::string missing(const KernelVariant& kernel) { return kernel.name + " has no forward"; }
   static std::string problem_reason(const KernelVariant& kernel, const AttentionParams& params) {
@@ -48,6 +50,9 @@ struct KernelMode<AttentionParams> {
   static std::string extra_reason(const KernelVariant& kernel, const AttentionParams& params) {
     if (params.trace.enabled() && !kernel.supports_tile_trace)
       return kernel.name + " does not record tile states (supports_tile_trace is off)";
+    // The traced instantiations are the plain ones (the trace's m and l would hold the sink otherwise).
+    if (params.trace.enabled() && params.modification.any())
+      return kernel.name + " records tile states only without score modifications (softcap, alibi_slopes, sinks)";
     return {};
   }
   static std::string describe(const AttentionParams& params) { return describe_problem(params); }
@@ -68,6 +73,8 @@ struct KernelMode<AttentionBackwardParams> {
   static constexpr const char* kEntry = "attention_backward";
   static constexpr const char* kCannotRun = " cannot run the backward of ";
   static constexpr const char* kNoneCanRun = "no registered kernel has a backward that can run ";
+  static constexpr auto kModifications = &KernelVariant::backward_score_modifications;
+  static constexpr const char* kModeWords = "'s backward";
   static bool has(const KernelVariant& kernel) { return kernel.backward_launch != nullptr; }
   static std::string missing(const KernelVariant& kernel);  // "X has no backward pass (kernels with one: ...)"
   static std::string problem_reason(const KernelVariant& kernel, const AttentionBackwardParams& params) {
@@ -103,6 +110,8 @@ struct KernelMode<KvCacheParams> {
   static constexpr const char* kEntry = "attention_with_kvcache";
   static constexpr const char* kCannotRun = " cannot run ";
   static constexpr const char* kNoneCanRun = "no registered kernel can run ";
+  static constexpr auto kModifications = &KernelVariant::kvcache_score_modifications;
+  static constexpr const char* kModeWords = "'s KV-cache path";
   static bool has(const KernelVariant& kernel) { return kernel.kvcache_launch != nullptr; }
   static std::string missing(const KernelVariant& kernel);  // "X has no KV-cache path; kernels with one: ..."
   static std::string problem_reason(const KernelVariant& kernel, const KvCacheParams& params) {
@@ -148,7 +157,7 @@ template <class Params>
 std::string mode_cannot_run_reason(const KernelVariant& kernel, const Params& params) {
   using Mode = KernelMode<Params>;
   if (!Mode::has(kernel)) return Mode::missing(kernel);
-  std::string reason = score_modification_reason(kernel, params.modification);
+  std::string reason = score_modification_reason(kernel, params.modification, Mode::kModifications, Mode::kModeWords);
   if (reason.empty()) reason = Mode::problem_reason(kernel, params);
   if (reason.empty()) reason = architecture_reason(kernel, params.device_compute_capability);
   if (reason.empty()) reason = Mode::extra_reason(kernel, params);

@@ -54,7 +54,9 @@ std::string architecture_reason(const KernelVariant& kernel, int compute_capabil
          compute_capability_text(compute_capability);
 }
 
-std::string score_modification_reason(const KernelVariant& kernel, const ScoreModificationParams& modification) {
+std::string score_modification_reason(const KernelVariant& kernel, const ScoreModificationParams& modification,
+                                      KernelVariant::ScoreModifications KernelVariant::*mode,
+                                      const char* mode_words) {
   using Support = KernelVariant::ScoreModifications;
   const std::pair<const char*, bool Support::*> asked[] = {
       {modification.softcap != 0.f ? "softcap" : nullptr, &Support::softcap},
@@ -62,15 +64,16 @@ std::string score_modification_reason(const KernelVariant& kernel, const ScoreMo
       {modification.sinks != nullptr ? "sinks" : nullptr, &Support::sinks}};
   std::string missing, having;
   for (const auto& [name, member] : asked) {
-    if (name == nullptr || kernel.score_modifications.*member) continue;
+    if (name == nullptr || (kernel.*mode).*member) continue;
     missing += (missing.empty() ? "" : ", ") + std::string(name);
     for (const auto& other : registered_kernels())
-      if (other.score_modifications.*member && having.find(other.name) == std::string::npos)
+      if ((other.*mode).*member && having.find(other.name) == std::string::npos)
         having += (having.empty() ? "" : ", ") + other.name;
   }
   if (missing.empty()) return "";
-  return kernel.name + " does not apply " + missing + " (kernels that do: " + (having.empty() ? "none yet" : having) +
-         ")";
+  const std::string whose = *mode_words == '\0' ? "kernels that do" : "kernels whose" + std::string(mode_words + 2) + " does";
+  return kernel.name + mode_words + " does not apply " + missing + " (" + whose + ": " +
+         (having.empty() ? "none" : having) + ")";
 }
 
 std::string cannot_run_reason(const KernelVariant& kernel, const AttentionParams& params) {

@@ -1,9 +1,9 @@
 // The kernels' score-modification policy (common/score_modification.h) against
 // the harness reference's definitions (reference_attention with
 // ReferenceOptions::modification, float64): a float32 loop attention that
-// uses the policy the way a kernel will (modified scores into the online
-// softmax in key tiles, the sink as the row's first state, dS times
-// gradient_factor) must give the reference's out, LSE, dq, dk, dv and the
+// uses the policy the way a kernel does (modified scores into the online
+// softmax in key tiles, the sink as the row's first max and its term added
+// after the last tile, dS times the factor the policy hands back) must give the reference's out, LSE, dq, dk, dv and the
 // sinks' gradient, for softcap, ALiBi per head and per batch entry, sinks and
 // their combinations, causal and not, seqlen_q != seqlen_k, GQA.
 #include <ATen/ATen.h>
@@ -38,7 +38,7 @@ struct LoopResult {
 constexpr int kBatch = 2, kHeads = 4, kKvHeads = 2, kSeqlenQ = 7, kSeqlenK = 11, kHeadDim = 8;
 constexpr int kKeyTile = 4;  // keys per online-softmax step
 
-template <bool kSoftcap, bool kAlibi, bool kSink>
+template <bool kEnabled>
 LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& dout) {
   const float scale = params.softmax_scale;
@@ -61,11 +61,10 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
   for (int b = 0; b < kBatch; ++b)
     for (int h = 0; h < kHeads; ++h) {
       const int kv = h / (kHeads / kKvHeads);
-      const auto modifier = score_modifier<kSoftcap, kAlibi, kSink>(params, b, h, kSeqlenQ, kSeqlenK);
+      const auto modifier = score_modifier<kEnabled>(params, b, h, kSeqlenQ, kSeqlenK);
       for (int i = 0; i < kSeqlenQ; ++i) {
         // Forward: the online softmax over key tiles, as a kernel runs it.
-        float row_max, row_sum;
-        modifier.first_row_state(row_max, row_sum);
+        float row_max = modifier.initial_row_max(), row_sum = 0.f;
         std::vector<float> acc(kHeadDim, 0.f);
         for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {
           float scores[kKeyTile];
@@ -86,20 +85,22 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
             for (int d = 0; d < kHeadDim; ++d) acc[d] += p * static_cast<float>(va[b][j0 + t][kv][d]);
           }
         }
+        row_sum += modifier.sink_term(row_max, scale, expf_);
         const SoftmaxResult result = online_softmax_finish(row_max, row_sum, scale);
         lse[b][h][i] = result.lse;
         for (int d = 0; d < kHeadDim; ++d) out[b][i][h][d] = acc[d] * result.inverse_sum;
         // Backward: P from the LSE, dS through the modification.
         float row_d = 0.f;
         for (int d = 0; d < kHeadDim; ++d) row_d += static_cast<float>(da[b][i][h][d] * out[b][i][h][d]);
-        if constexpr (kSink) dsinks[h] -= std::exp(params.modification.sinks[h] - result.lse) * row_d;
+        if (params.modification.sinks != nullptr) dsinks[h] -= std::exp(params.modification.sinks[h] - result.lse) * row_d;
         for (int j = 0; j < kSeqlenK; ++j) {
           if (!visible(i, j)) continue;
           const float s = raw_score(b, h, i, j);
-          const float p = std::exp(modifier.modified(s, i, j) * scale - result.lse);
+          float factor;
+          const float p = std::exp(modifier.modified(s, i, j, factor) * scale - result.lse);
           float dp = 0.f;
           for (int d = 0; d < kHeadDim; ++d) dp += static_cast<float>(da[b][i][h][d] * va[b][j][kv][d]);
-          const float ds = p * (dp - row_d) * modifier.gradient_factor(s) * scale;
+          const float ds = p * (dp - row_d) * factor * scale;
           for (int d = 0; d < kHeadDim; ++d) {
             dq[b][i][h][d] += ds * ka[b][j][kv][d];
             dk[b][j][kv][d] += ds * qa[b][i][h][d];
@@ -145,19 +146,9 @@ TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
     params.modification.sinks = sinks.data_ptr<float>();
   }
 
-  LoopResult loop;
-  // The three flags as template arguments, as a kernel's dispatch will pass them.
-  const auto run = [&](auto softcap, auto alibi, auto sink) {
-    loop = loop_attention<decltype(softcap)::value, decltype(alibi)::value, decltype(sink)::value>(params, q, k, v,
-                                                                                                  dout);
-  };
-  const auto with_sink = [&](auto softcap, auto alibi) {
-    c.sinks ? run(softcap, alibi, std::true_type{}) : run(softcap, alibi, std::false_type{});
-  };
-  const auto with_alibi = [&](auto softcap) {
-    c.alibi ? with_sink(softcap, std::true_type{}) : with_sink(softcap, std::false_type{});
-  };
-  c.softcap ? with_alibi(std::true_type{}) : with_alibi(std::false_type{});
+  // One instantiation takes every combination (the kernels' kEnabled); none: the plain one.
+  const bool any = c.softcap || c.alibi || c.sinks;
+  const LoopResult loop = any ? loop_attention<true>(params, q, k, v, dout) : loop_attention<false>(params, q, k, v, dout);
   const ReferenceOutput forward = reference_attention(q, k, v, reference);
   const ReferenceGradients backward = reference_attention_backward(q, k, v, dout, reference);
   // float32 loop against float64: a few float32 ulps of values of order 1.

@@ -43,22 +43,50 @@ TEST(Validation, ScoreModificationsSayWhatTheyExpect) {
   expect_rejected([&] { inputs.run(); }, {"sinks must be float32 of shape (heads) = (8)", "got [2, 8]"});
 }
 
-// Every registered kernel refuses a modification it does not apply, naming it
-// and the kernels that do (none yet), before any other reason.
+// A kernel refuses a modification it does not apply in a mode, naming it and
+// the registered kernels that apply it there, before any other reason. (Every
+// registered kernel applies all three in its forward and backward, and
+// fa2_mma_sm80 in its KV-cache path: a copy with the mode's flags off stands in.)
 TEST(Validation, KernelsRefuseScoreModificationsTheyDoNotApply) {
   const float slopes[8] = {}, sinks[8] = {};
-  for (const auto& kernel : registered_kernels()) {
+  using Support = KernelVariant::ScoreModifications;
+  const auto having = [](Support KernelVariant::*mode) {
+    std::string names;
+    for (const auto& kernel : registered_kernels())
+      if ((kernel.*mode).softcap) names += (names.empty() ? "" : ", ") + kernel.name;
+    return names.empty() ? std::string("none") : names;
+  };
+  EXPECT_NE(having(&KernelVariant::forward_score_modifications), "none");
+  EXPECT_NE(having(&KernelVariant::backward_score_modifications), "none");
+  EXPECT_NE(having(&KernelVariant::kvcache_score_modifications), "none");
+  for (const auto& registered : registered_kernels()) {
+    KernelVariant kernel = registered;
+    kernel.name = registered.name + "_without";
+    kernel.forward_score_modifications = kernel.backward_score_modifications = kernel.kvcache_score_modifications = {};
     AttentionParams params;
     EXPECT_EQ(score_modification_reason(kernel, params.modification), "") << kernel.name;
     params.modification.softcap = 30.f;
     params.modification.alibi_slopes = slopes;
     EXPECT_EQ(score_modification_reason(kernel, params.modification),
-              kernel.name + " does not apply softcap, alibi_slopes (kernels that do: none yet)");
+              kernel.name + " does not apply softcap, alibi_slopes (kernels that do: " +
+                  having(&KernelVariant::forward_score_modifications) + ")");
+    EXPECT_EQ(score_modification_reason(kernel, params.modification, &KernelVariant::backward_score_modifications,
+                                        "'s backward"),
+              kernel.name + "'s backward does not apply softcap, alibi_slopes (kernels whose backward does: " +
+                  having(&KernelVariant::backward_score_modifications) + ")");
+    EXPECT_EQ(score_modification_reason(kernel, params.modification, &KernelVariant::kvcache_score_modifications,
+                                        "'s KV-cache path"),
+              kernel.name + "'s KV-cache path does not apply softcap, alibi_slopes (kernels whose KV-cache path does: " +
+                  having(&KernelVariant::kvcache_score_modifications) + ")");
+    // The registered kernel itself applies them in its forward.
+    EXPECT_EQ(score_modification_reason(registered, params.modification), "") << registered.name;
     params.modification.softcap = 0.f;
     params.modification.alibi_slopes = nullptr;
     params.modification.sinks = sinks;
     params.head_dim = 100000;  // a problem reason too: the modification's comes first
-    EXPECT_EQ(cannot_run_reason(kernel, params), kernel.name + " does not apply sinks (kernels that do: none yet)");
+    EXPECT_EQ(cannot_run_reason(kernel, params),
+              kernel.name + " does not apply sinks (kernels that do: " +
+                  having(&KernelVariant::forward_score_modifications) + ")");
   }
 }
 

@@ -4,6 +4,8 @@
 //
 // - backward_preprocess_kernel: D = rowsum(dO * O) per (batch, head, query
 //   row), float32, into params.softmax_d (laid out like the LSE);
+// - backward_sink_gradient_kernel: with attention sinks, dsink[h] = -sum over
+//   the head's rows of exp(sink - LSE) D (fa1_scalar's backward too);
 // - the accumulator's fragment order: a block_m x head_dim block of one head
 //   is a run of 128-float groups, each the four C-fragment values of the 32
 //   lanes of one warp (value i: row lane / 4 + 8 * (i / 2), column
@@ -26,6 +28,7 @@
 #include "common/mma_accumulator_layout.h"  // FragmentOrigin
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
+#include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
 
 namespace flashlab {
@@ -53,6 +56,10 @@ struct SoftmaxDLikeLse {
   __device__ void store(const AttentionBackwardParams& p, const BackwardSequenceView& view, int batch, int head,
                         int row, float d) const {
     p.softmax_d[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row] = d;
+  }
+  __device__ float load(const AttentionBackwardParams& p, const BackwardSequenceView& view, int batch, int head,
+                        int row) const {
+    return p.softmax_d[batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0 + row];
   }
 };
 
@@ -98,6 +105,61 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
   for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (part == 0 && row < rows) destination.store(p, view, batch, head, row, sum);
+}
+
+// ---------------------------------------------------------------------------
+// 1b. Attention sinks' gradient (score_modification.h): dsink[h] = -sum over
+// the rows of every sequence of exp(sink_h - LSE) D, written to p.dsinks[h].
+// One block a head, the rows in a fixed order and a fixed reduction tree, so
+// the result is bitwise the same run to run (the deterministic mode asks no
+// more); each thread has kSinkGradientRows rows' loads in flight at once (one
+// row at a time left 16 blocks waiting on memory: 50-200 us at 16 heads x 16k
+// rows, H100, session 23). Runs after the preprocess; `stats` reads D where it
+// wrote it.
+inline constexpr int kSinkGradientThreads = 1024, kSinkGradientRows = 4;
+template <class RowStats>
+__global__ void __launch_bounds__(kSinkGradientThreads)
+    backward_sink_gradient_kernel(const AttentionBackwardParams p, const RowStats stats) {
+  const int head = blockIdx.x;
+  const float sink = p.modification.sinks[head];
+  float sum = 0.f;
+  for (int batch = 0; batch < p.batch; ++batch) {
+    const BackwardSequenceView view = backward_sequence_view(p, batch);
+    const float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + view.lse_row0;
+    for (int first = threadIdx.x; first < view.seqlen_q; first += kSinkGradientThreads * kSinkGradientRows) {
+      float row_lse[kSinkGradientRows], row_d[kSinkGradientRows];
+#pragma unroll
+      for (int r = 0; r < kSinkGradientRows; ++r) {
+        const int row = first + r * kSinkGradientThreads;
+        const bool in = row < view.seqlen_q;
+        row_lse[r] = in ? lse[row] : -INFINITY;
+        row_d[r] = in ? stats.load(p, view, batch, head, row) : 0.f;
+      }
+      // With a sink every row's LSE is finite (it counts the sink); -inf: past the end.
+#pragma unroll
+      for (int r = 0; r < kSinkGradientRows; ++r)
+        if (row_lse[r] != -INFINITY) sum += expf(sink - row_lse[r]) * row_d[r];
+    }
+  }
+  __shared__ float warp_sums[kSinkGradientThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kSinkGradientThreads / 32; ++w) total += warp_sums[w];
+    p.dsinks[head] = -total;
+  }
+}
+
+// Enqueues it when the problem has sinks (after the preprocess wrote D).
+template <class RowStats>
+void launch_backward_sink_gradient(const AttentionBackwardParams& p, const RowStats& stats, const char* kernel_name) {
+  if (p.modification.sinks == nullptr || p.heads <= 0) return;
+  backward_sink_gradient_kernel<RowStats>
+      <<<p.heads, kSinkGradientThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p, stats);
+  FLASHLAB_CHECK_LAUNCH(kernel_name, p);
 }
 
 // ---------------------------------------------------------------------------

@@ -8,73 +8,180 @@
 // ScoreModifier keeps the kernels' units: it maps a raw score s to a raw-score
 // equivalent s' with s' * softmax_scale = the modified logit, so the online
 // softmax (online_softmax.h: scale = softmax_scale or softmax_scale * log2(e))
-// runs unchanged on s'. A kernel applies `modified` to each S element before
-// the mask (as the mask policy's apply_row / apply_column do) and starts each
-// row from `first_row_state` (the sink as the row's first logit); the backward
-// multiplies dS = P (dP - D) by `gradient_factor` (ds'/ds: 1 - tanh^2 under
-// softcap, 1 otherwise). Without a modification the kernels keep their code:
-// the flags are template arguments and every member is a no-op then.
-// Not used by a kernel yet (session 22): the policy and its CPU test against
-// the reference (tests/cpu/test_score_modifier.cpp) come first.
+// runs unchanged on s'. How a kernel uses it:
+//   - apply_row / apply_column on every S fragment before the mask (the
+//     mask policy's fragment convention, mask.h);
+//   - each row's running max starts at initial_row_max() (the sink, so the
+//     rescaling already counts it) and its sum at 0; after the last tile,
+//     add_sink_term(row_sum, row_max, ...) once per row (kernels that keep
+//     per-thread partial sums add it after their reduction);
+//   - the backward recomputes s' the same way, and multiplies dS = P (dP - D)
+//     by ds'/ds (1 - tanh^2 under softcap, else 1): gradient_factor_of(s',
+//     row, key) recovers it from s' itself, so no array of factors stays live
+//     across the dP GEMM (that cost fa3's head_dim 64 backward 356 bytes of
+//     spills). Sinks alone need nothing per element in the backward
+//     (ScoreModificationParams::per_element: the LSE has them). The sinks' gradient,
+//     dsink[h] = -sum over rows of exp(sink - LSE) D, is
+//     backward_sink_gradient_kernel's (backward_dq.cuh).
+//
+// One kernel instantiation takes every combination: kEnabled is the template
+// flag (false: every member is a no-op and the kernels' plain code is
+// unchanged), and within it the modifications are values (softcap 0, slope
+// 0, sink -inf: off), so a kernel builds twice, not eight times.
+// kFastTanh: tanh.approx on the device (relative error about 2^-11, below the
+// 16-bit inputs' own; flash-attn does the same); fp32 kernels pass false.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 
+#include "common/online_softmax.h"  // softmax_offset
 #include "flashlab/kernel_params.h"
 
 namespace flashlab {
 
-template <bool kSoftcap, bool kAlibi, bool kSink>
-struct ScoreModifier {
-  static constexpr bool kAny = kSoftcap || kAlibi || kSink;
-  float softcap_score = 0.f;     // softcap / softmax_scale: s' = softcap_score * tanh(s / softcap_score)
-  float alibi_score_slope = 0.f;  // slope / softmax_scale
-  int diagonal = 0;               // seqlen_k - seqlen_q of the sequence
-  float sink_score = -INFINITY;   // sink / softmax_scale
+template <bool kFast>
+FLASHLAB_HOST_DEVICE inline float score_tanh(float x) {
+#ifdef __CUDA_ARCH__
+  if constexpr (kFast) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+  }
+#endif
+  return tanhf(x);
+}
 
-  // s' for raw score s of row `row`, key `key` (both within the sequence).
-  FLASHLAB_HOST_DEVICE float modified(float s, int row, int key) const {
-    if constexpr (kSoftcap) s = softcap_score * tanhf(s / softcap_score);
-    if constexpr (kAlibi) s -= alibi_score_slope * static_cast<float>(abs(row + diagonal - key));
+template <bool kEnabled, bool kFastTanh = false>
+struct ScoreModifier {
+  static constexpr bool kAny = kEnabled;
+  float softcap_score = 0.f;     // softcap / softmax_scale (0: off): s' = softcap_score * tanh(s / softcap_score)
+  float softcap_inverse = 0.f;   // 1 / softcap_score
+  float alibi_score_slope = 0.f;  // slope / softmax_scale (0: off)
+  int diagonal = 0;               // seqlen_k - seqlen_q of the sequence
+  float sink_score = -INFINITY;   // sink / softmax_scale (-inf: no sink)
+
+  // s' for raw score s of row `row`, key `key` (both within the sequence);
+  // factor = ds'/ds.
+  FLASHLAB_HOST_DEVICE float modified(float s, int row, int key, float& factor) const {
+    factor = 1.f;
+    if constexpr (kEnabled) {
+      if (softcap_score != 0.f) {
+        const float t = score_tanh<kFastTanh>(s * softcap_inverse);
+        s = softcap_score * t;
+        factor = 1.f - t * t;
+      }
+      s -= alibi_score_slope * static_cast<float>(abs(row + diagonal - key));
+    }
     return s;
   }
-  // ds'/ds at raw score s (the backward's dS factor).
+  FLASHLAB_HOST_DEVICE float modified(float s, int row, int key) const {
+    float factor;
+    return modified(s, row, key, factor);
+  }
+  // ds'/ds from s' of row `row`, key `key` itself: tanh = (s' + ALiBi's
+  // bias) / softcap_score. 0 for a masked s' = -inf (1 - inf would be -inf,
+  // and P = 0 times it NaN).
+  FLASHLAB_HOST_DEVICE float gradient_factor_of(float modified_s, int row, int key) const {
+    if constexpr (kEnabled) {
+      if (softcap_score != 0.f) {
+        const float t =
+            (modified_s + alibi_score_slope * static_cast<float>(abs(row + diagonal - key))) * softcap_inverse;
+        return fmaxf(1.f - t * t, 0.f);
+      }
+    }
+    return 1.f;
+  }
+  // ds'/ds at raw score s.
   FLASHLAB_HOST_DEVICE float gradient_factor(float s) const {
-    if constexpr (kSoftcap) {
-      const float t = tanhf(s / softcap_score);
-      return 1.f - t * t;
-    } else {
-      return 1.f;
+    float factor;
+    (void)modified(s, 0, diagonal, factor);
+    return factor;
+  }
+
+  // Per-element work, applied to whole fragments (below): each modification
+  // that is on runs as its own loop behind a uniform branch (a sinks-only
+  // problem pays nothing per element), and ALiBi's |distance| is one float
+  // per fragment row minus a constant per element (FADD and an FFMA with |.|).
+  FLASHLAB_HOST_DEVICE bool per_element() const { return kEnabled && (softcap_score != 0.f || alibi_score_slope != 0.f); }
+  FLASHLAB_HOST_DEVICE bool has_softcap() const { return kEnabled && softcap_score != 0.f; }
+
+  // Fragments as mask.h's apply_row / apply_column name them: row `row`'s
+  // elements score(n, i) of key first_key + n * 8 + lane_key + i, replaced by s'.
+  template <int kTiles, int kPerTile = 2, class Score>
+  FLASHLAB_HOST_DEVICE void apply_row(int row, int first_key, int lane_key, Score&& score) const {
+    // distance = row + diagonal - key = (row + diagonal - first_key - lane_key) - (n * 8 + i)
+    apply<kTiles, kPerTile>(static_cast<float>(row + diagonal - first_key - lane_key), -1.f, score);
+  }
+  // The transposed fragment (the backward's S^T: a thread owns keys, its
+  // columns are rows first_row + n * 8 + lane_row + i).
+  template <int kTiles, int kPerTile = 2, class Score>
+  FLASHLAB_HOST_DEVICE void apply_column(int key, int first_row, int lane_row, Score&& score) const {
+    apply<kTiles, kPerTile>(static_cast<float>(first_row + lane_row + diagonal - key), 1.f, score);
+  }
+
+ private:
+  // Element (n, i)'s distance is base + direction * (n * 8 + i).
+  template <int kTiles, int kPerTile, class Score>
+  FLASHLAB_HOST_DEVICE void apply(float base, float direction, Score&& score) const {
+    if constexpr (kEnabled) {
+      if (softcap_score != 0.f) {
+#pragma unroll
+        for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+          for (int i = 0; i < kPerTile; ++i)
+            score(n, i) = softcap_score * score_tanh<kFastTanh>(score(n, i) * softcap_inverse);
+      }
+      if (alibi_score_slope != 0.f) {
+#pragma unroll
+        for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+          for (int i = 0; i < kPerTile; ++i)
+            score(n, i) -= alibi_score_slope * fabsf(base + direction * static_cast<float>(n * 8 + i));
+      }
     }
   }
-  // A row's online-softmax state before its first key: (max, sum) = (sink', 1)
-  // with a sink (exp(scale * sink' - offset(sink')) = 1), else (-inf, 0).
-  FLASHLAB_HOST_DEVICE void first_row_state(float& row_max, float& row_sum) const {
-    if constexpr (kSink) {
-      row_max = sink_score;
-      row_sum = 1.f;
-    } else {
-      row_max = -INFINITY;
-      row_sum = 0.f;
+
+ public:
+  // A row's running max before its first key: the sink (s' units), else -inf.
+  FLASHLAB_HOST_DEVICE float initial_row_max() const { return kEnabled ? sink_score : -INFINITY; }
+  // The sink's term of the row sum for a row whose final max is row_max
+  // (exp(scale * sink' - offset), on the footing of the kernel's P); 0 without.
+  template <class Exp>
+  FLASHLAB_HOST_DEVICE float sink_term(float row_max, float scale, Exp exp) const {
+    if constexpr (kEnabled) {
+      if (sink_score != -INFINITY) return exp(sink_score * scale - softmax_offset(row_max, scale));
     }
+    return 0.f;
   }
+  // row_sum += sink_term(...): nothing at all without kEnabled (x + 0.f is an add).
+  template <class Exp>
+  FLASHLAB_HOST_DEVICE void add_sink_term(float& row_sum, float row_max, float scale, Exp exp) const {
+    if constexpr (kEnabled) row_sum += sink_term(row_max, scale, exp);
+  }
+  // True when the row's max is the sink's logit, which no P element carries
+  // (row_sum_as_pv_saw_it's correction is then not the kernel's to make).
+  FLASHLAB_HOST_DEVICE bool max_is_sink(float row_max) const { return kEnabled && row_max == sink_score; }
 };
 
 // The modifier of (batch, head) of a problem: params.modification's values,
 // read where the kernel runs (device pointers in a kernel, host ones in tests).
-template <bool kSoftcap, bool kAlibi, bool kSink>
-FLASHLAB_HOST_DEVICE inline ScoreModifier<kSoftcap, kAlibi, kSink> score_modifier(
-    const AttentionParams& params, int batch, int head, int seqlen_q, int seqlen_k) {
-  ScoreModifier<kSoftcap, kAlibi, kSink> modifier;
-  const ScoreModificationParams& m = params.modification;
-  if constexpr (kSoftcap) modifier.softcap_score = m.softcap / params.softmax_scale;
-  if constexpr (kAlibi) {
-    modifier.alibi_score_slope = m.alibi_slopes[batch * m.alibi_batch_stride + head] / params.softmax_scale;
+template <bool kEnabled, bool kFastTanh = false>
+FLASHLAB_HOST_DEVICE inline ScoreModifier<kEnabled, kFastTanh> score_modifier(const AttentionParams& params, int batch,
+                                                                             int head, int seqlen_q, int seqlen_k) {
+  ScoreModifier<kEnabled, kFastTanh> modifier;
+  if constexpr (kEnabled) {
+    const ScoreModificationParams& m = params.modification;
+    if (m.softcap != 0.f) {
+      modifier.softcap_score = m.softcap / params.softmax_scale;
+      modifier.softcap_inverse = params.softmax_scale / m.softcap;
+    }
+    if (m.alibi_slopes != nullptr)
+      modifier.alibi_score_slope = m.alibi_slopes[batch * m.alibi_batch_stride + head] / params.softmax_scale;
     modifier.diagonal = seqlen_k - seqlen_q;
+    if (m.sinks != nullptr) modifier.sink_score = m.sinks[head] / params.softmax_scale;
   }
-  if constexpr (kSink) modifier.sink_score = m.sinks[head] / params.softmax_scale;
   return modifier;
 }
 

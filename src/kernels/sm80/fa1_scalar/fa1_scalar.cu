@@ -1,7 +1,8 @@
 // fa1_scalar: FlashAttention-1 forward, one thread per query row, float32 scalar
-// math, 64x32 tiles. The kernel and its limits: fa1_scalar_kernel.cuh. Its
-// backward (FlashAttention-2's algorithm in scalar code, deterministic):
-// fa1_scalar_backward_kernel.cuh, hooks in fa1_scalar_backward.cu.
+// math, 64x32 tiles; softcap, ALiBi and sinks in both passes. The kernel and
+// its limits: fa1_scalar_kernel.cuh. Its backward (FlashAttention-2's
+// algorithm in scalar code, deterministic): fa1_scalar_backward_kernel.cuh,
+// hooks in fa1_scalar_backward.cu.
 #include "fa1_scalar_backward_kernel.cuh"
 #include "fa1_scalar_kernel.cuh"
 #include "fa1_scalar_locate.h"
@@ -20,6 +21,8 @@ KernelVariant fa1_scalar_variant() {
       "deterministic";
   variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = true;
+  variant.forward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
+  variant.backward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
   variant.unsupported_reason = fa1_scalar::unsupported_reason;
   variant.tile_shape = fa1_scalar::tile_shape;
   variant.launch = fa1_scalar::launch</*kPlantedRowMaxBug=*/false>;

@@ -1,10 +1,12 @@
 // fa1_scalar backward: FlashAttention-2's backward in plain float32 scalar code,
 // three kernels (D = rowsum(dout * out); dK/dV one thread per key row; dQ one
-// thread per query row), deterministic, no atomics. The kernels and their
-// limits: fa1_scalar_backward_kernel.cuh. These are the KernelVariant hooks
-// that fa1_scalar.cu registers.
+// thread per query row), deterministic, no atomics; with attention sinks a
+// fourth, the shared sink gradient (common/backward_dq.cuh). The kernels and
+// their limits: fa1_scalar_backward_kernel.cuh. These are the KernelVariant
+// hooks that fa1_scalar.cu registers.
 #include <stdexcept>
 
+#include "common/backward_dq.cuh"
 #include "fa1_scalar_backward_kernel.cuh"
 
 namespace flashlab {
@@ -45,10 +47,13 @@ void backward_launch(const AttentionBackwardParams& params) {
   own.softmax_d = static_cast<float*>(params.workspace);
   own.dq_accum = nullptr;
   switch (own.dtype) {
-    case DataType::float32: return backward_launch_with_element<float>(own);
-    case DataType::float16: return backward_launch_with_element<__half>(own);
-    case DataType::bfloat16: return backward_launch_with_element<__nv_bfloat16>(own);
+    case DataType::float32: backward_launch_with_element<float>(own); break;
+    case DataType::float16: backward_launch_with_element<__half>(own); break;
+    case DataType::bfloat16: backward_launch_with_element<__nv_bfloat16>(own); break;
   }
+  // dsinks from the LSE and D, which the preprocess wrote laid out like the
+  // LSE (same stream: after it); a fixed-order sum, so deterministic. No-op without sinks.
+  launch_backward_sink_gradient(own, SoftmaxDLikeLse{}, "fa1_scalar backward (sink gradient)");
 }
 
 }  // namespace fa1_scalar

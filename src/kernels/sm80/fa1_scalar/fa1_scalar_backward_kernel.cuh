@@ -10,9 +10,15 @@
 //   dS = P * (dP - D)
 //   dQ = scale * dS K            dK = scale * dS^T Q
 // and under GQA/MQA dK, dV of a kv head sum over the query heads of its group.
+// Score modifications (common/score_modification.h; the kModified
+// instantiation of kernels 2 and 3): S = scale * s' with s' the modified raw
+// score, and dS is multiplied by ds'/ds (softcap's 1 - tanh^2); with sinks the
+// LSE counts the sink, and dsink = -sum over rows of exp(sink - lse) D is the
+// shared backward_sink_gradient_kernel's (common/backward_dq.cuh), launched by
+// backward_launch after the three kernels.
 // Masked keys (the bottom-right causal/window rule of common/visible_keys.h)
-// have P = 0, so they add nothing; a row that saw no key (lse = -inf) adds
-// nothing and gets dQ = 0; a key no row sees gets dK = dV = 0. Never NaN.
+// have P = 0, so they add nothing; a row that saw no key (lse = -inf, or the
+// sink) adds nothing and gets dQ = 0; a key no row sees gets dK = dV = 0. Never NaN.
 //
 // Three kernels, launched in this order on params.stream:
 //   1. preprocess: one thread per (batch, head, query row) writes D to
@@ -49,9 +55,9 @@
 //
 // Limits: the forward's (fa1_scalar::unsupported_reason): head_dim <= 128;
 // float32, float16, bfloat16; any seqlens, causal and sliding windows, GQA/MQA,
-// strided inputs with a contiguous last dimension, variable-length batches.
-// No tile trace. O(seqlen_q * seqlen_k * head_dim) per thread: for reading,
-// not for speed.
+// strided inputs with a contiguous last dimension, variable-length batches,
+// softcap, ALiBi and sinks. No tile trace. O(seqlen_q * seqlen_k * head_dim)
+// per thread: for reading, not for speed.
 #pragma once
 
 #include <cmath>
@@ -59,6 +65,7 @@
 
 #include "common/sequence_view.h"
 #include "common/mask.h"
+#include "common/score_modification.h"
 #include "common/visible_keys.h"
 #include "fa1_scalar_kernel.cuh"
 #include "flashlab/cuda_check.h"
@@ -106,7 +113,8 @@ FLASHLAB_HOST_DEVICE void preprocess_thread(const AttentionBackwardParams& param
 
 // 2. dK and dV of key row key_block * kBackwardThreads + thread of (batch,
 // kv_head). my_k, my_v, my_dk, my_dv: this thread's head_dim floats each.
-template <typename Element>
+// kModified: apply params.modification (3. too).
+template <typename Element, bool kModified = false>
 FLASHLAB_HOST_DEVICE void dk_dv_thread(const AttentionBackwardParams& params, int key_block,
                                        int thread, int kv_head, int batch, float* my_k,
                                        float* my_v, float* my_dk, float* my_dv) {
@@ -141,6 +149,7 @@ FLASHLAB_HOST_DEVICE void dk_dv_thread(const AttentionBackwardParams& params, in
 
   const int group = params.heads / params.kv_heads;  // query heads per kv head
   for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+    const auto modifier = score_modifier<kModified, /*kFastTanh=*/false>(params, batch, head, seqlen_q, seqlen_k);
     const Element* q = static_cast<const Element*>(params.q) + view.q_offset +
                        head * params.q_head_stride;
     const Element* dout = static_cast<const Element*>(params.dout) + view.dout_offset +
@@ -162,8 +171,10 @@ FLASHLAB_HOST_DEVICE void dk_dv_thread(const AttentionBackwardParams& params, in
         score += to_float(q_row[c]) * my_k[c];
         dp += to_float(dout_row[c]) * my_v[c];
       }
+      float factor;  // ds'/ds: 1 unmodified
+      score = modifier.modified(score, row, key, factor);
       const float p = expf(score * scale - lse);  // P_ij, as the forward normalized it
-      const float ds = p * (dp - d);              // dS_ij
+      const float ds = p * (dp - d) * factor;     // dS_ij (with respect to the raw score)
       for (int c = 0; c < head_dim; ++c) {
         my_dv[c] += p * to_float(dout_row[c]);
         my_dk[c] += ds * to_float(q_row[c]);
@@ -184,7 +195,7 @@ FLASHLAB_HOST_DEVICE void dk_dv_thread(const AttentionBackwardParams& params, in
 
 // 3. dQ of query row row_block * kBackwardThreads + thread of (batch, head).
 // my_q, my_dout, my_dq: this thread's head_dim floats each.
-template <typename Element>
+template <typename Element, bool kModified = false>
 FLASHLAB_HOST_DEVICE void dq_thread(const AttentionBackwardParams& params, int row_block,
                                     int thread, int head, int batch, float* my_q, float* my_dout,
                                     float* my_dq) {
@@ -211,6 +222,7 @@ FLASHLAB_HOST_DEVICE void dq_thread(const AttentionBackwardParams& params, int r
 
   const float lse = params.lse[lse_index(params, view, batch, head, row)];
   const float d = params.softmax_d[lse_index(params, view, batch, head, row)];
+  const auto modifier = score_modifier<kModified, /*kFastTanh=*/false>(params, batch, head, seqlen_q, seqlen_k);
   const KeyRange my_keys = VisibleKeyMask{seqlen_q, seqlen_k, params.window_left, params.window_right}.visible(row);
   // The keys at least one row of this block sees; each thread skips the ones it does not.
   const int block_row_last = (block_row0 + kBackwardThreads < seqlen_q ? block_row0 + kBackwardThreads
@@ -234,8 +246,10 @@ FLASHLAB_HOST_DEVICE void dq_thread(const AttentionBackwardParams& params, int r
         score += my_q[c] * to_float(k_row[c]);
         dp += my_dout[c] * to_float(v_row[c]);
       }
+      float factor;
+      score = modifier.modified(score, row, key, factor);
       const float p = expf(score * scale - lse);
-      const float ds = p * (dp - d);
+      const float ds = p * (dp - d) * factor;
       for (int c = 0; c < head_dim; ++c) my_dq[c] += ds * to_float(k_row[c]);
     }
   }
@@ -255,7 +269,7 @@ __global__ void __launch_bounds__(kPreprocessThreads)
                              blockIdx.z);
 }
 
-template <typename Element>
+template <typename Element, bool kModified>
 __global__ void __launch_bounds__(kBackwardThreads)
     fa1_scalar_backward_dk_dv_kernel(const AttentionBackwardParams params) {
   // Four rows per thread: [k | v | dk | dv], each kBackwardThreads rows of `stride` floats.
@@ -263,11 +277,11 @@ __global__ void __launch_bounds__(kBackwardThreads)
   const int stride = backward_row_stride(params.head_dim);
   float* my_rows = shared + threadIdx.x * stride;
   const int array = kBackwardThreads * stride;
-  dk_dv_thread<Element>(params, blockIdx.x, threadIdx.x, blockIdx.y, blockIdx.z, my_rows,
-                        my_rows + array, my_rows + 2 * array, my_rows + 3 * array);
+  dk_dv_thread<Element, kModified>(params, blockIdx.x, threadIdx.x, blockIdx.y, blockIdx.z, my_rows,
+                                   my_rows + array, my_rows + 2 * array, my_rows + 3 * array);
 }
 
-template <typename Element>
+template <typename Element, bool kModified>
 __global__ void __launch_bounds__(kBackwardThreads)
     fa1_scalar_backward_dq_kernel(const AttentionBackwardParams params) {
   // Three rows per thread: [q | dout | dq], each kBackwardThreads rows of `stride` floats.
@@ -275,14 +289,15 @@ __global__ void __launch_bounds__(kBackwardThreads)
   const int stride = backward_row_stride(params.head_dim);
   float* my_rows = shared + threadIdx.x * stride;
   const int array = kBackwardThreads * stride;
-  dq_thread<Element>(params, blockIdx.x, threadIdx.x, blockIdx.y, blockIdx.z, my_rows,
-                     my_rows + array, my_rows + 2 * array);
+  dq_thread<Element, kModified>(params, blockIdx.x, threadIdx.x, blockIdx.y, blockIdx.z, my_rows,
+                                my_rows + array, my_rows + 2 * array);
 }
 
 template <typename Element>
 void backward_launch_with_element(const AttentionBackwardParams& params) {
   const auto stream = static_cast<cudaStream_t>(params.stream);
   const int stride = backward_row_stride(params.head_dim);
+  const bool modified = params.modification.per_element();  // kernels 2 and 3's kModified (sinks alone: plain)
 
   // Grids: x over rows (the longest sequence of a varlen batch; shorter
   // entries' blocks return at once), y over heads, z over the batch. A grid
@@ -299,7 +314,8 @@ void backward_launch_with_element(const AttentionBackwardParams& params) {
   const int key_blocks = (params.seqlen_k + kBackwardThreads - 1) / kBackwardThreads;
   if (key_blocks > 0) {
     const int shared_bytes = static_cast<int>(sizeof(float)) * 4 * kBackwardThreads * stride;
-    auto kernel = fa1_scalar_backward_dk_dv_kernel<Element>;
+    auto kernel = modified ? fa1_scalar_backward_dk_dv_kernel<Element, true>
+                           : fa1_scalar_backward_dk_dv_kernel<Element, false>;
     // Above 48 KB a kernel must opt in to the larger dynamic shared memory limit.
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
     const dim3 grid(key_blocks, params.kv_heads, params.batch);
@@ -310,7 +326,8 @@ void backward_launch_with_element(const AttentionBackwardParams& params) {
   const int query_blocks = (params.seqlen_q + kBackwardThreads - 1) / kBackwardThreads;
   if (query_blocks > 0) {
     const int shared_bytes = static_cast<int>(sizeof(float)) * 3 * kBackwardThreads * stride;
-    auto kernel = fa1_scalar_backward_dq_kernel<Element>;
+    auto kernel = modified ? fa1_scalar_backward_dq_kernel<Element, true>
+                           : fa1_scalar_backward_dq_kernel<Element, false>;
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
     const dim3 grid(query_blocks, params.heads, params.batch);
     kernel<<<grid, kBackwardThreads, shared_bytes, stream>>>(params);

@@ -13,10 +13,16 @@
 // visible-key rule, the sequence view and the online-softmax update come from
 // src/kernels/common/.
 //
+// Score modifications (softcap, ALiBi, sinks: common/score_modification.h)
+// are the kModified instantiation (params.modification.any()): each visible
+// raw dot product goes through the policy before it is scaled, and each row's
+// max starts at the sink's logit, whose term joins l after the last tile.
+//
 // Limits: head_dim <= 128; float32, float16 and bfloat16 inputs; any seqlens,
 // causal and sliding windows (bottom-right aligned), GQA/MQA, strided inputs,
-// variable-length batches, optional tile tracing. Meant for reading and
-// stepping through in cuda-gdb, not for speed.
+// variable-length batches, softcap, ALiBi and sinks, optional tile tracing
+// (m and l as the kernel keeps them; l without the sink's term). Meant for
+// reading and stepping through in cuda-gdb, not for speed.
 //
 // kPlantedRowMaxBug (test-only instantiation, see fa1_scalar_planted_bug.cu)
 // round-trips the running max through shared memory with a wrong index, the
@@ -31,6 +37,7 @@
 #include <string>
 
 #include "common/online_softmax.h"
+#include "common/score_modification.h"
 #include "common/sequence_view.h"
 #include "common/static_switch.h"
 #include "common/tile_trace.h"
@@ -64,7 +71,7 @@ __host__ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(floa
   return __float2bfloat16_rn(x);
 }
 
-template <typename Element, int kHeadDimPadded, bool kPlantedRowMaxBug>
+template <typename Element, int kHeadDimPadded, bool kPlantedRowMaxBug, bool kModified>
 __global__ void __launch_bounds__(kBlockQ)
     fa1_scalar_kernel(const AttentionParams params) {
   // Rows of Q are padded by one float so that threads reading the same column
@@ -117,8 +124,17 @@ __global__ void __launch_bounds__(kBlockQ)
   const int key_tile_begin = block_keys.first / kBlockK;
   const int key_tile_end = block_keys.empty() ? key_tile_begin : block_keys.last / kBlockK + 1;
 
-  float row_max = -INFINITY;  // m
-  float row_sum = 0.f;        // l, relative to exp(m)
+  // The scores are scaled as they are made: exponent scale 1, natural exp.
+  const auto exp_natural = [](float x) { return expf(x); };
+  // The modification policy works in raw-score units (s' * softmax_scale is
+  // the logit): it modifies the raw dot product, and m, kept in scaled units,
+  // starts at its sink times softmax_scale (-inf without one).
+  const auto modifier = score_modifier<kModified, /*kFastTanh=*/false>(params, batch, head, seqlen_q, seqlen_k);
+  float row_max = modifier.initial_row_max();  // m
+  if constexpr (kModified) {
+    if (row_max != -INFINITY) row_max *= params.softmax_scale;
+  }
+  float row_sum = 0.f;  // l, relative to exp(m)
   float accumulator[kHeadDimPadded];
 #pragma unroll
   for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] = 0.f;
@@ -159,21 +175,21 @@ __global__ void __launch_bounds__(kBlockQ)
         float dot = 0.f;
 #pragma unroll 16
         for (int c = 0; c < kHeadDimPadded; ++c) dot += my_q[c] * k_tile[j * kHeadDimPadded + c];
-        score = dot * params.softmax_scale;
+        score = modifier.modified(dot, my_row, key) * params.softmax_scale;
       }
       my_scores[j] = score;
       tile_max = fmaxf(tile_max, score);
     }
 
-    // The scores are already scaled: exponent scale 1, natural exp. While every
-    // key so far is masked, m stays -inf and l and O stay 0.
-    const auto exp_natural = [](float x) { return expf(x); };
+    // While every key so far is masked, m stays -inf (or the sink) and l and O stay 0.
     float offset;
     const float rescale =
         online_softmax_rescale(row_max, fmaxf(row_max, tile_max), 1.f, offset, exp_natural);
     // A row that has seen no visible key yet (out of range, above a causal
-    // diagonal) adds nothing: skip its P.V loop, the bulk of the work.
-    if (row_max != -INFINITY) {
+    // diagonal) adds nothing: skip its P.V loop, the bulk of the work. With a
+    // sink m is finite from the start, so there the tile itself decides (a
+    // tile with no visible key has p = 0 and rescale 1: skipping it is exact).
+    if (kModified ? tile_max != -INFINITY : row_max != -INFINITY) {
       float tile_sum = 0.f;
 #pragma unroll
       for (int c = 0; c < kHeadDimPadded; ++c) accumulator[c] *= rescale;
@@ -197,7 +213,11 @@ __global__ void __launch_bounds__(kBlockQ)
   }
 
   if (!row_in_range) return;
-  // A row that saw no key (fully masked) gets output 0 and LSE -inf.
+  // The sink's term, once per row; sink_term takes m in raw units, like the sink.
+  if constexpr (kModified)
+    row_sum += modifier.sink_term(row_max / params.softmax_scale, params.softmax_scale, exp_natural);
+  // A row that saw no key (fully masked) gets output 0 and LSE -inf; with a
+  // sink, output 0 and LSE = the sink (l = the sink's term alone, 1).
   const SoftmaxResult result = online_softmax_finish(row_max, row_sum, 1.f);
   Element* my_out = out + my_row * params.out_row_stride;
 #pragma unroll
@@ -214,7 +234,11 @@ void launch_with_head_dim(const AttentionParams& params) {
       static_cast<int>(sizeof(float)) * (kBlockQ * (kHeadDimPadded + 1) +
                                          2 * kBlockK * kHeadDimPadded + kBlockQ * (kBlockK + 1) +
                                          (kPlantedRowMaxBug ? kBlockQ : 0));
-  auto kernel = fa1_scalar_kernel<Element, kHeadDimPadded, kPlantedRowMaxBug>;
+  auto kernel = fa1_scalar_kernel<Element, kHeadDimPadded, kPlantedRowMaxBug, /*kModified=*/false>;
+  // The planted bug's variant declares no modifications: it builds the plain kernel only.
+  if constexpr (!kPlantedRowMaxBug) {
+    if (params.modification.any()) kernel = fa1_scalar_kernel<Element, kHeadDimPadded, false, /*kModified=*/true>;
+  }
   // Above 48 KB a kernel must opt in to the larger dynamic shared memory limit.
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), shared_bytes);
   const dim3 grid((params.seqlen_q + kBlockQ - 1) / kBlockQ, params.heads, params.batch);

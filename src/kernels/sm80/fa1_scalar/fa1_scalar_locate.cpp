@@ -45,7 +45,9 @@ ElementLocation locate(const AttentionParams& params, int batch, int head, int r
   location.row_max = {m};
   location.row_sum = {l};
   location.out_note = "float32, unnormalized (out = accumulator[col] / row_sum after the last tile)";
-  location.state_note = "m in natural-log units of the scaled scores; l relative to exp(m)";
+  location.state_note =
+      "m in natural-log units of the scaled scores (with a sink, from the sink's logit); l relative to "
+      "exp(m) (the sink's term joins it after the last tile)";
 
   // The key tiles the block visits (fa1_scalar_kernel: block_keys), ascending.
   locate_key_tiles(location, params, view, row, tiles.block_q, tiles.block_k,

@@ -327,6 +327,9 @@ KernelVariant fa2_mma_sm80_variant() {
       "contiguous or paged KV cache";
   variant.architectures = kSm80OrNewer;
   variant.supports_tile_trace = true;  // the traced instantiation (fa2_mma_sm80_kernel.cuh)
+  // Score modifications: the kModified instantiations (common/score_modification.h).
+  variant.forward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
+  variant.backward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
   variant.key_tiles_descending = false;
   variant.unsupported_reason = fa2_mma_sm80::unsupported_reason;
   variant.padded_head_dim = HeadDims::round_up;  // e.g. 40 runs at 64
@@ -345,6 +348,7 @@ KernelVariant fa2_mma_sm80_variant() {
   variant.supports_block_timeline = true;  // fa2_mma_sm80_splitkv_kernel.cuh
   variant.kvcache_tile_shape = fa2_mma_sm80::kvcache_tile_shape;
   variant.kvcache_launch_summary = fa2_mma_sm80::kvcache_launch_summary;
+  variant.kvcache_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
   return variant;
 }
 

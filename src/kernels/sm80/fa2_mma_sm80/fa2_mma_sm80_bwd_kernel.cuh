@@ -24,6 +24,9 @@
 //    GQA: dK/dV sum over the group's query heads in registers, no atomics.
 // 3. convert: dq = dq_accum * scale in the input dtype, back from fragment order
 //    (deterministic mode: the sum of the accumulator slots, slot 0 first).
+// Score modifications (a kModified instantiation of 2): S goes through the
+// policy (common/score_modification.h) before the mask and dS is multiplied
+// by ds'/ds; with sinks, backward_sink_gradient_kernel runs after 1.
 //
 // Deterministic mode (params.deterministic): the grid's x dimension is the
 // number of dq accumulator slots S (BackwardWorkspace); block s handles one key
@@ -82,6 +85,7 @@
 #include "common/ptx_sm80.h"
 #include "common/sequence_view.h"
 #include "common/mask.h"
+#include "common/score_modification.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -126,7 +130,9 @@ struct DqFragmentOrder {
 // kv_heads; batch), Tr::kThreads threads, Tr::kSmemBytes of dynamic shared memory.
 // kFirstTouch: deterministic mode with slot_first (a separate instantiation: the
 // store path in the default mode's kernel cost its head_dim 64 form 4%).
-template <class Tr, typename Element, bool kFirstTouch>
+// kModified: score modifications (common/score_modification.h), S through the
+// policy before the mask and dS times ds'/ds.
+template <class Tr, typename Element, bool kFirstTouch, bool kModified = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa2_backward_kernel(const AttentionBackwardParams p, const int64_t dq_accum_slot_stride,
                         int* const slot_first) {
@@ -311,6 +317,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
       // Mask (only blocks some row does not see whole), P, dS; both to shared memory.
       const bool needs_mask = mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
+      const auto modifier = score_modifier<kModified, /*kFastTanh=*/true>(p, batch, head, seqlen_q, seqlen_k);
       const float* const lse_rows = lse_stats + q_stage * kBM;
       const float* const d_rows = d_stats + q_stage * kBM;
 #pragma unroll
@@ -324,6 +331,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           const float lse_log2 =
               m0 + row < seqlen_q && lse != -INFINITY ? lse * kLog2e : INFINITY;
           const float row_d = d_rows[row];
+          modifier.template apply_row<kSdpNT>(m0 + row, n0 + sdp_col0, quad_col * 2,
+                                     [&](int n, int i) -> float& { return acc_s[mt][n][h * 2 + i]; });
           if (needs_mask)
             mask.apply_row<kSdpNT>(m0 + row, n0 + sdp_col0, quad_col * 2,
                                    [&](int n, int i) -> float& { return acc_s[mt][n][h * 2 + i]; });
@@ -334,6 +343,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             for (int i = 0; i < 2; ++i) {
               prob[i] = fast_exp2(fmaf(acc_s[mt][n][h * 2 + i], scale_log2, -lse_log2));
               dscore[i] = prob[i] * (acc_dp[mt][n][h * 2 + i] - row_d);
+              if constexpr (kModified)
+                dscore[i] *= modifier.gradient_factor_of(acc_s[mt][n][h * 2 + i], m0 + row,
+                                                         n0 + sdp_col0 + n * 8 + quad_col * 2 + i);
             }
             const int col = sdp_col0 + n * 8 + quad_col * 2;
             *reinterpret_cast<uint32_t*>(p_tile + row * kPStride + col) =
@@ -477,6 +489,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     backward_preprocess_kernel<Tr::kHeadDim, Element>
         <<<grid, kBwdAuxThreads, 0, stream>>>(p);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward (preprocess)", p);
+    launch_backward_sink_gradient(p, SoftmaxDLikeLse{}, "fa2_mma_sm80 backward (sink gradient)");
   }
   if (p.seqlen_k > 0) {
     const auto launch_main = [&](auto kernel) {
@@ -486,10 +499,13 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
       const dim3 grid(p.deterministic ? workspace.dq_accum_slots : key_blocks, p.kv_heads, p.batch);
       kernel<<<grid, Tr::kThreads, kSmem, stream>>>(p, workspace.dq_accum_slot_stride, slot_first);
     };
+    const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
     if (slot_first != nullptr)
-      launch_main(fa2_backward_kernel<Tr, Element, true>);
+      modified ? launch_main(fa2_backward_kernel<Tr, Element, true, true>)
+               : launch_main(fa2_backward_kernel<Tr, Element, true>);
     else
-      launch_main(fa2_backward_kernel<Tr, Element, false>);
+      modified ? launch_main(fa2_backward_kernel<Tr, Element, false, true>)
+               : launch_main(fa2_backward_kernel<Tr, Element, false>);
     FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 backward", p);
   }
   if (has_rows) {

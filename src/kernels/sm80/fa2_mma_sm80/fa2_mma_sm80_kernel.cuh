@@ -26,6 +26,9 @@
 // only; launch_forward picks it when params.trace.enabled()) that also records
 // each row's m and l after every key tile it visits (record_tile_state,
 // common/tile_trace.h); the untraced, timed build has no trace code.
+// Score modifications (softcap, ALiBi, sinks: common/score_modification.h)
+// are the kModified instantiation (default tilings, untraced): S elements
+// through the policy before the mask, each row's max from the sink.
 // kPlantedSkipRescaleTile >= 0 is the test-only planted bug
 // (src/kernels/dev/fa2_mma_sm80_planted_bug): on that key tile the rescale of
 // l and O is skipped. Registered builds use -1.
@@ -40,6 +43,7 @@
 
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
+#include "common/score_modification.h"
 #include "common/sequence_view.h"
 #include "common/tile_trace.h"
 #include "common/mask.h"
@@ -102,7 +106,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Elemen
   }
 }
 
-template <class Tr, typename Element, bool Trace, int kPlantedSkipRescaleTile>
+template <class Tr, typename Element, bool Trace, int kPlantedSkipRescaleTile, bool kModified = false>
 __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const AttentionParams p) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBQ = Tr::kBlockQ;
@@ -155,6 +159,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
                                                   seqlen_k, window_left, window_right);
   const int tile_begin = tile_keys.first / kBK;
   const int tile_end = tile_keys.empty() ? tile_begin : tile_keys.last / kBK + 1;
+  const auto modifier = score_modifier<kModified, /*kFastTanh=*/true>(p, batch, head, seqlen_q, seqlen_k);
 
   // Online-softmax state: two rows per thread per m16 slab (group, group + 8).
   float row_max[kMT][2];
@@ -164,7 +169,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
   for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      row_max[mt][h] = -INFINITY;
+      row_max[mt][h] = modifier.initial_row_max();
       row_sum[mt][h] = 0.f;
     }
 #pragma unroll
@@ -259,9 +264,17 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
                                                       k_stage + (nk * 16 * kStride + ks * 16) * 2);
       }
 
+      const int k0 = tile * kBK;
+      if constexpr (kModified) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            modifier.template apply_row<kSTiles>(q0 + warp_row0 + mt * 16 + group + h * 8, k0, thread_in_group * 2,
+                                        [&](int n, int i) -> float& { return acc_s[mt][n][h * 2 + i]; });
+      }
       // Mask only tiles that some row of the query tile does not see whole
       // (the sequence end counts: visible keys stop at seqlen_k - 1).
-      const int k0 = tile * kBK;
       if (mask.needs_mask(q0, q0 + kBQ - 1, k0, k0 + kBK - 1)) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -345,7 +358,9 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
       float sum = row_sum[mt][h];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum = row_sum_as_pv_saw_it<Element>(sum, row_max[mt][h], scale_log2, exp2);
+      if (!modifier.max_is_sink(row_max[mt][h]))
+        sum = row_sum_as_pv_saw_it<Element>(sum, row_max[mt][h], scale_log2, exp2);
+      modifier.add_sink_term(sum, row_max[mt][h], scale_log2, exp2);
       const SoftmaxResult result = online_softmax_finish(row_max[mt][h], sum, p.softmax_scale);
 #pragma unroll
       for (int n = 0; n < kOTiles; ++n) {
@@ -396,6 +411,9 @@ void launch_forward(const AttentionParams& params) {
   auto kernel = fa2_forward_kernel<Tr, Element, false, kPlantedSkipRescaleTile>;
   if constexpr (kTraceable) {
     if (params.trace.enabled()) kernel = fa2_forward_kernel<Tr, Element, true, kPlantedSkipRescaleTile>;
+    // Score modifications: the registered (default) tilings only; no tile trace (the mode refuses one).
+    if constexpr (kPlantedSkipRescaleTile < 0)
+      if (params.modification.any()) kernel = fa2_forward_kernel<Tr, Element, false, -1, true>;
   }
   constexpr int kSmem = Tr::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), kSmem);

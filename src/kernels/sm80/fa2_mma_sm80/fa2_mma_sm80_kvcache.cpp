@@ -1,6 +1,9 @@
 // fa2_mma_sm80's KV-cache path, host side: the support check, the split
 // heuristic, the workspace of the split partials and the dispatch on head_dim
-// (the kernels are fa2_mma_sm80_splitkv_kernel.cuh).
+// (the kernels are fa2_mma_sm80_splitkv_kernel.cuh). Score modifications
+// change none of these: the split kernel applies them (its kModified
+// instantiation, chosen at the launch) and, with several splits, the combine
+// adds the sinks, so the heuristic and the workspace stay as they are.
 //
 // Tiling and split heuristic (num_splits 0). The work is blocks of (16
 // packed rows, kv head, batch); a decode step has few of them (batch x
@@ -230,6 +233,10 @@ std::string fa2_mma_sm80::kvcache_launch_summary(const KvCacheParams& params) {
   if (cluster_size > 1)
     text += ", in clusters of " + std::to_string(cluster_size) +
             " kv heads, one block an SM (a plain launch where they would not all be resident at once)";
+  if (params.modification.any())
+    text += splits > 1 && params.modification.sinks != nullptr
+                ? "; score modifications in the split kernel, the sinks in the combine"
+                : "; score modifications in the split kernel";
   if (splits > 1) text += "; then the combine kernel";
   return text;
 }

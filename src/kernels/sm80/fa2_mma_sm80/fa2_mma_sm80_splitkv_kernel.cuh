@@ -27,6 +27,12 @@
 //      on sm_90 a programmatic dependent launch of the split kernel, which
 //      first checks cache_seqlens and block_table while the split kernel runs
 //      (with one split, a warp of the split kernel does).
+// Score modifications (softcap, ALiBi, sinks: common/score_modification.h)
+// are the kModified instantiation of the split kernel: each S element goes
+// through its packed row's modifier (that row's query head: slope and sink)
+// before the mask. A sink counts once per row: with one split the block adds
+// it after the warps' merge; with several the partials leave it out and the
+// combine (its kSinks instantiation) adds it to the combined LSE.
 // The masks (causal / window bottom-right, sequence end), the online-softmax
 // rule and the PTX wrappers come from src/kernels/common/.
 //
@@ -46,6 +52,9 @@
 // 16 re-read K/V once per tile, so this path suits small seqlen_q (decoding);
 // no tile trace (a block timeline instead: common/block_timeline.h, compiled
 // into a second instantiation of the split kernel, launched only with one).
+// The kModified instantiation holds more registers (no spills; the wide tiling
+// at head_dim 128: 234 against 168 on sm_80, 198 against 166 on sm_90a; at 32
+// up to 121 against 80) and has not been timed.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -55,12 +64,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/block_timeline.h"
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/value_guard.h"
 #include "common/mask.h"
+#include "common/score_modification.h"
 #include "common/visible_keys.h"
 #include "flashlab/cuda_check.h"
 #include "flashlab/kernel_params.h"
@@ -188,7 +199,9 @@ __device__ __forceinline__ int64_t partial_row(const KvCacheParams& p, int split
 // compiled in); the one launched without has none. Hooks behind a run-time
 // null check alone made the deep ring at head_dim 64 5.6-6.4% slower (batch 8
 // x 8k / 32k, H100, session 16), though they ran no instruction but a branch.
-template <class Tr, typename Element, bool kTimeline, bool kCheckValues>
+// kModified: score modifications (params.modification.any()); without, the
+// policy's members are no-ops and the code is the plain kernel's.
+template <class Tr, typename Element, bool kTimeline, bool kCheckValues, bool kModified>
 __global__ void __launch_bounds__(Tr::kThreads)
     splitkv_kernel(const KvCacheParams p, float* o_partial, float* lse_partial, int num_splits) {
   constexpr int kD = Tr::kHeadDim;
@@ -218,6 +231,15 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const int seqlen_k = kvcache_seqlen_k(p, batch);
   const int window_left = p.window_left, window_right = p.window_right;
   const VisibleKeyMask mask{seqlen_q, seqlen_k, window_left, window_right};
+  const auto head_of = [&](int packed) { return kv_head * group_size + packed % group_size; };
+  // The modifier of a packed row: its query head's slope and sink. With
+  // several splits the partials leave the sink out (the combine adds it once).
+  const auto modifier_of = [&](int packed) {
+    auto modifier = score_modifier<kModified, /*kFastTanh=*/true>(p, batch, head_of(packed), seqlen_q, seqlen_k);
+    if constexpr (kModified)
+      if (num_splits > 1) modifier.sink_score = -INFINITY;
+    return modifier;
+  };
 
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
@@ -259,7 +281,7 @@ __global__ void __launch_bounds__(Tr::kThreads)
     const int r = piece / (kD / 8), col = (piece % (kD / 8)) * 8;
     const int packed = row0 + r;
     const bool valid = packed < packed_rows;
-    const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
+    const int query = packed / group_size, head = head_of(packed);
     const Element* src = q + batch * p.q_batch_stride + query * p.q_row_stride +
                          head * p.q_head_stride + col;
     cp_async_16(q_smem + (r * kStride + col) * 2, valid ? src : q, valid);
@@ -318,12 +340,15 @@ __global__ void __launch_bounds__(Tr::kThreads)
   const uint32_t k_lane_offset = KvLayout::chunk_offset(k_cell.row, k_cell.chunk);
   const uint32_t v_lane_offset = KvLayout::chunk_offset(v_cell.row, v_cell.chunk);
 
-  // Rows group and group + 8 of the slab: their query rows.
+  // Rows group and group + 8 of the slab: their query rows and modifiers
+  // (GQA packing: the rows of one block may be different query heads).
   int row_query[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_query[h] = (row0 + group + h * 8) / group_size;
+  const ScoreModifier<kModified, true> row_modifier[2] = {modifier_of(row0 + group), modifier_of(row0 + group + 8)};
 
-  float row_max[2] = {-INFINITY, -INFINITY};
+  // Each warp's max starts at the sink, so its rescaling already counts it.
+  float row_max[2] = {row_modifier[0].initial_row_max(), row_modifier[1].initial_row_max()};
   float row_sum[2] = {0.f, 0.f};
   float acc_o[1][kOTiles][4];
 #pragma unroll
@@ -360,11 +385,15 @@ __global__ void __launch_bounds__(Tr::kThreads)
     }
 
     const int key0 = chunk_of(j) * kChunk;
+    const auto row_scores = [&](int h) {
+      return [&acc_s, h](int n, int i) -> float& { return acc_s[0][n][h * 2 + i]; };
+    };
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      row_modifier[h].template apply_row<2>(row_query[h], key0, thread_in_group * 2, row_scores(h));
     if (mask.needs_mask(query_first, query_last, key0, key0 + kChunk - 1)) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        mask.apply_row<2>(row_query[h], key0, thread_in_group * 2,
-                          [&](int n, int i) -> float& { return acc_s[0][n][h * 2 + i]; });
+      for (int h = 0; h < 2; ++h) mask.apply_row<2>(row_query[h], key0, thread_in_group * 2, row_scores(h));
     }
 
     // Online softmax (base 2), P in place of S; l stays a per-thread partial sum.
@@ -462,10 +491,15 @@ __global__ void __launch_bounds__(Tr::kThreads)
     weight[w] = m == -INFINITY ? 0.f : fast_exp2((m - merged_max) * scale_log2);
     merged_sum += weight[w] * merge[w * kWarpFloats + Tr::kBlockRows + r];
   }
-  // The max's warp weighs 1 exactly (exp2(0)): its max term is the one P V saw.
-  merged_sum = row_sum_as_pv_saw_it<Element>(merged_sum, merged_max, scale_log2, exp2);
+  // The max's warp weighs 1 exactly (exp2(0)): its max term is the one P V
+  // saw (none did when the max is the sink's). The sink joins once, here,
+  // after the warps' merge (modifier_of: only with one split).
+  const auto modifier = modifier_of(packed);
+  if (!modifier.max_is_sink(merged_max))
+    merged_sum = row_sum_as_pv_saw_it<Element>(merged_sum, merged_max, scale_log2, exp2);
+  modifier.add_sink_term(merged_sum, merged_max, scale_log2, exp2);
   const SoftmaxResult result = online_softmax_finish(merged_max, merged_sum, p.softmax_scale);
-  const int query = packed / group_size, head = kv_head * group_size + packed % group_size;
+  const int query = packed / group_size, head = head_of(packed);
   float2 values[kPairs];
 #pragma unroll
   for (int j = 0; j < kPairs; ++j) {
@@ -504,7 +538,10 @@ __global__ void __launch_bounds__(Tr::kThreads)
 // took 6.8-7.3 us at batch 1 x 8k keys, 16 splits, against 4.6 us for cuDNN's
 // combine of 32; ncu, H100.) The lanes reduce the LSEs with shuffles and the
 // weights go through shared memory.
-template <typename Element, int HeadDim>
+// kSinks: attention sinks, which the splits' partials leave out; the row's
+// sink logit joins the LSE here, once (exp(sink - lse) of the output goes to
+// no value row, so the split weights shrink by it).
+template <typename Element, int HeadDim, bool kSinks>
 __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, const float* lse_partial,
                                int num_splits) {
   constexpr int kWarpsPerBlock = 4;
@@ -523,6 +560,7 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
   const int query = static_cast<int>(row % p.seqlen_q);
   const int head = static_cast<int>(row / p.seqlen_q % p.heads);
   const int batch = static_cast<int>(row / (static_cast<int64_t>(p.seqlen_q) * p.heads));
+  const float sink = kSinks ? p.modification.sinks[head] : -INFINITY;  // natural-log units, as the LSEs
 
   // Split s of this row's output: o_row + s * split_step.
   const float* o_row = o_partial + row * HeadDim;
@@ -553,13 +591,16 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
     max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, offset));
+  if constexpr (kSinks) max_lse = fmaxf(max_lse, sink);
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kSplitsPerLane; ++i)
     sum += split_lse[i] == -INFINITY ? 0.f : expf(split_lse[i] - max_lse);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  // No split saw a key: out 0, lse -inf (the forward's fully masked row).
+  if constexpr (kSinks) sum += sink == -INFINITY ? 0.f : expf(sink - max_lse);  // once, after the lanes' sum
+  // No split saw a key: out 0, lse -inf (the forward's fully masked row);
+  // with a sink, out 0 and lse = sink.
   const float lse = sum > 0.f ? max_lse + logf(sum) : -INFINITY;
 #pragma unroll
   for (int i = 0; i < kSplitsPerLane; ++i) {
@@ -657,17 +698,22 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
     float* lse_partial = num_splits > 1 ? o_partial + num_splits * rows * kD : nullptr;
     const bool check_values = num_splits == 1 && (params.cache_seqlens != nullptr || params.is_paged());
     const bool timeline = params.block_timeline != nullptr;
-    auto kernel = timeline ? (check_values ? splitkv_kernel<Tr, Element, true, true>
-                                           : splitkv_kernel<Tr, Element, true, false>)
-                           : (check_values ? splitkv_kernel<Tr, Element, false, true>
-                                           : splitkv_kernel<Tr, Element, false, false>);
+    const bool modified = params.modification.any();
+    const auto instantiation = [&](auto modified_constant) {
+      constexpr bool kModified = decltype(modified_constant)::value;
+      return timeline ? (check_values ? splitkv_kernel<Tr, Element, true, true, kModified>
+                                      : splitkv_kernel<Tr, Element, true, false, kModified>)
+                      : (check_values ? splitkv_kernel<Tr, Element, false, true, kModified>
+                                      : splitkv_kernel<Tr, Element, false, false, kModified>);
+    };
+    auto kernel = modified ? instantiation(std::true_type{}) : instantiation(std::false_type{});
     const int packed_rows = params.seqlen_q * (params.heads / params.kv_heads);
     const dim3 grid(num_splits, (packed_rows + Tr::kBlockRows - 1) / Tr::kBlockRows,
                     params.batch * params.kv_heads);
-    static ResidentClusters resident_clusters[2][2];  // [timeline hooks][value check]
+    static ResidentClusters resident_clusters[2][2][2];  // [timeline hooks][value check][modified]
     const int cluster_size = kvcache_cluster_size(params, num_splits);
     if (cluster_size == 1 ||
-        !launch_in_clusters(kernel, resident_clusters[timeline][check_values], grid, Tr::kThreads,
+        !launch_in_clusters(kernel, resident_clusters[timeline][check_values][modified], grid, Tr::kThreads,
                             Tr::kSmemBytes, cluster_size, stream, static_cast<const KvCacheParams&>(params),
                             o_partial, lse_partial, num_splits)) {
       if constexpr (Tr::kSmemBytes > 48 * 1024)  // (a cluster launch may have raised it)
@@ -688,8 +734,9 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
       attribute.val.programmaticStreamSerializationAllowed = 1;
       config.attrs = &attribute;
       config.numAttrs = params.device_compute_capability >= 90 ? 1 : 0;
-      FLASHLAB_CUDA_CHECK(cudaLaunchKernelEx(&config, combine_kernel<Element, kD>,
-                                             static_cast<const KvCacheParams&>(params),
+      const auto combine = params.modification.sinks != nullptr ? combine_kernel<Element, kD, true>
+                                                                 : combine_kernel<Element, kD, false>;
+      FLASHLAB_CUDA_CHECK(cudaLaunchKernelEx(&config, combine, static_cast<const KvCacheParams&>(params),
                                              static_cast<const float*>(o_partial),
                                              static_cast<const float*>(lse_partial), num_splits));
       FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV combine)", params);

@@ -263,6 +263,9 @@ KernelVariant fa3_wgmma_sm90_variant() {
       ", deterministic mode); sm_90a only";
   variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = true;
+  // Score modifications: the kModified instantiations (common/score_modification.h).
+  variant.forward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
+  variant.backward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
   variant.key_tiles_descending = true;
   variant.unsupported_reason = fa3_wgmma_sm90::unsupported_reason;
   variant.padded_head_dim = HeadDims::round_up;  // e.g. 40 runs at 64

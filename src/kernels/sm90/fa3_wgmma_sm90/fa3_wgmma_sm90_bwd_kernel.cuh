@@ -39,6 +39,11 @@
 // elements (TMA). A persistent schedule and a TMA-store epilogue are not
 // built.
 //
+// Score modifications (softcap, ALiBi, sinks): the kModified instantiations
+// take S^T through common/score_modification.h before the mask and multiply
+// dS^T by ds'/ds; with sinks, backward_sink_gradient_kernel (backward_dq.cuh)
+// runs after the preprocess.
+//
 // Deterministic mode (a separate instantiation): one accumulator, and the key
 // blocks that see a query block add their dQ slabs to it in a fixed order,
 // FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed with
@@ -68,6 +73,7 @@
 
 #include "common/backward_dq.cuh"
 #include "common/mask.h"
+#include "common/score_modification.h"
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"  // fast_exp2, pack2, red_add_f32x4
 #include "common/ptx_sm90.h"
@@ -330,6 +336,39 @@ __device__ __forceinline__ void transposed_score_gradients(const float (&acc_p)[
   for_each_query_column<Tr>(d_rows, quad_col, [&](int i, float row_d) { acc_dp[i] = acc_p[i] * (acc_dp[i] - row_d); });
 }
 
+// Score modifications (kModified): S^T through the policy, the mask, then
+// P^T in place of S^T and dS^T = P^T (dP^T - D) ds'/ds in place of dP^T.
+template <class Tr, class Modifier>
+__device__ __forceinline__ void modified_probabilities_and_gradients(
+    float (&acc_s)[Tr::kBlockM / 2], float (&acc_dp)[Tr::kBlockM / 2], const float* lse_rows, const float* d_rows,
+    float scale_log2, bool masked, const VisibleKeyMask& mask, const Modifier& modifier, int first_key, int m0,
+    int quad_col) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    modifier.template apply_column<Tr::kBlockM / 8>(first_key + h * 8, m0, quad_col * 2,
+                                                    [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+  if (masked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      mask.apply_column<Tr::kBlockM / 8>(first_key + h * 8, m0, quad_col * 2,
+                                         [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+  }
+#pragma unroll
+  for (int n = 0; n < Tr::kBlockM / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int column = n * 8 + quad_col * 2 + e;
+      const float lse_log2 = lse_rows[column], row_d = d_rows[column];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = n * 4 + h * 2 + e;
+        const float factor = modifier.gradient_factor_of(acc_s[i], m0 + column, first_key + h * 8);
+        acc_s[i] = sm80::fast_exp2(fmaf(acc_s[i], scale_log2, -lse_log2));
+        acc_dp[i] = acc_s[i] * (acc_dp[i] - row_d) * factor;
+      }
+    }
+}
+
 // A consumer's 64 x 64 dQ slab (an m64n64 accumulator) in the accumulator's
 // fragment order (SlabDqOrder): float4 n of thread (warp, lane) at group
 // n * 4 + warp. Straight from registers: 16-byte reductions, 512 contiguous
@@ -378,7 +417,7 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
 
 // ---------------------------------------------------------------------------
 // A consumer warpgroup: its 64 keys of the block against every query block of the walk.
-template <class Tr, typename Element, bool kDeterministic>
+template <class Tr, typename Element, bool kDeterministic, bool kModified>
 __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args,
                                                  unsigned char* smem, const BwdBarriers<Tr>& bar) {
   constexpr int kD = Tr::kHeadDim;
@@ -497,10 +536,32 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       const bool masked = n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
       const float* lse_rows = stats_smem + stage * Tr::kStatsFloats;
       const float* d_rows = lse_rows + kBM;
-      transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
-      sm90::wgmma_wait<0>();
-      sm90::fence_registers(acc_dp);
-      transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
+      // P^T while dP^T may still run, then dS^T.
+      const auto probabilities_then_gradients = [&] {
+        transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(acc_dp);
+        transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
+      };
+      if constexpr (kModified) {
+        const auto modifier = score_modifier<true, true>(p, batch, head, view.seqlen_q, view.seqlen_k);
+        if (modifier.has_softcap()) {
+          // After dP: P and dS together, ds'/ds recovered from s' (no factors
+          // live across the dP GEMM).
+          sm90::wgmma_wait<0>();
+          sm90::fence_registers(acc_dp);
+          modified_probabilities_and_gradients<Tr>(acc_s, acc_dp, lse_rows, d_rows, scale_log2, masked, mask,
+                                                   modifier, n0 + key_row0, m0, quad_col);
+        } else {  // ALiBi alone: ds'/ds = 1, the plain order
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            modifier.template apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
+                                                    [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+          probabilities_then_gradients();
+        }
+      } else {
+        probabilities_then_gradients();
+      }
       // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
       sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
       sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
@@ -541,7 +602,9 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   }
 }
 
-template <class Tr, typename Element, bool kDeterministic>
+// kModified: score modifications (common/score_modification.h): S^T through
+// the policy before the mask, dS^T times ds'/ds.
+template <class Tr, typename Element, bool kDeterministic, bool kModified = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_backward_kernel(const __grid_constant__ BwdKernelArguments args) {
   extern __shared__ unsigned char smem_raw[];
@@ -560,7 +623,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
-  backward_consumer<Tr, Element, kDeterministic>(args, smem, barriers);
+  backward_consumer<Tr, Element, kDeterministic, kModified>(args, smem, barriers);
 }
 
 // ---------------------------------------------------------------------------
@@ -586,6 +649,10 @@ struct PaddedRowStats {
     lse_log2[at] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     dsum[at] = d;
   }
+  __device__ float load(const AttentionBackwardParams& p, const BackwardSequenceView& view, int batch, int head,
+                        int row) const {  // D, for the sinks' gradient
+    return dsum[head * stats_rows + padded_stats_row0(p, view.q_row0, batch, block_m) + row];
+  }
 };
 
 template <class Tr, typename Element>
@@ -609,6 +676,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     const dim3 grid((workspace.query_blocks * Tr::kBlockM + kRows - 1) / kRows, p.heads, p.batch);
     backward_preprocess_kernel<Tr::kHeadDim, Element><<<grid, kBwdAuxThreads, 0, stream>>>(p, stats);
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward (preprocess)", p);
+    launch_backward_sink_gradient(p, stats, "fa3_wgmma_sm90 backward (sink gradient)");
   }
   if (p.seqlen_k > 0) {
     BwdKernelArguments args;
@@ -625,7 +693,11 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.do_map = make_tensor_map(
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
-    auto kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true> : fa3_backward_kernel<Tr, Element, false>;
+    const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
+    auto kernel = p.deterministic ? (modified ? fa3_backward_kernel<Tr, Element, true, true>
+                                              : fa3_backward_kernel<Tr, Element, true>)
+                                  : (modified ? fa3_backward_kernel<Tr, Element, false, true>
+                                              : fa3_backward_kernel<Tr, Element, false>);
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
     const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.kv_heads, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);

@@ -37,7 +37,10 @@
 // multiples of 8 elements (TMA strides are multiples of 16 bytes). Tile
 // tracing (a separate traced instantiation) for fixed-length batches; the
 // trace's key tiles are visited from the last down. The output is written
-// from registers (4-byte stores per pair).
+// from registers (4-byte stores per pair). Score modifications (softcap,
+// ALiBi, sinks; common/score_modification.h) are kModified instantiations,
+// either schedule, untraced: S through the policy before the mask, each row's
+// max from its sink, the sink's term added in the epilogue.
 //
 // Structure: ForwardSharedStorage (the shared-memory carve-out and barriers),
 // forward_producer (the TMA thread), ForwardTileSource (the consumers' side of
@@ -64,6 +67,7 @@
 #include "common/sequence_view.h"
 #include "common/tile_trace.h"
 #include "common/mask.h"
+#include "common/score_modification.h"
 #include "common/visible_keys.h"
 #include "common/wgmma_fragment.h"
 #include "common/wgmma_sm90_generated.h"
@@ -355,11 +359,11 @@ __device__ __forceinline__ void issue_probabilities_times_values(float (&acc_o)[
 // The epilogue: normalize a consumer thread's two rows of tile `t` (row
 // first_row and first_row + 8 of the block; their state in acc_o, row_max,
 // row_sum) and write O (4-byte stores) and LSE, rows < seqlen_q only.
-template <class Tr, typename Element>
+template <class Tr, typename Element, class Modifier>
 __device__ __forceinline__ void store_output_rows(const AttentionParams& p, const Tile& t, int first_row,
                                                   int thread_in_group, float scale_log2,
                                                   const float (&acc_o)[Tr::kHeadDim / 2], const float (&row_max)[2],
-                                                  const float (&row_sum)[2]) {
+                                                  const float (&row_sum)[2], const Modifier& modifier) {
   const auto exp2 = [](float x) { return fast_exp2(x); };
   Element* o_ptr = static_cast<Element*>(p.out) + t.view.out_offset + static_cast<int64_t>(t.work.head) * p.out_head_stride;
 #pragma unroll
@@ -367,7 +371,8 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
     float sum = row_sum[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
+    if (!modifier.max_is_sink(row_max[h])) sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
+    modifier.add_sink_term(sum, row_max[h], scale_log2, exp2);
     const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
     const float inv_sum = result.inverse_sum;
     const int row = t.q0 + first_row + h * 8;
@@ -388,7 +393,7 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
 // A consumer warpgroup (64 rows of each query block): for each work tile, S =
 // Q K^T and P V over its key tiles from the highest down, the online softmax
 // between (pingpong with the other consumer), then O and LSE.
-template <class Tr, typename Element, bool Trace, bool Dynamic>
+template <class Tr, typename Element, bool Trace, bool Dynamic, bool kModified>
 __device__ __forceinline__ void forward_consumer(const KernelArguments& args, const ForwardSharedStorage<Tr>& storage,
                                                  int warpgroup) {
   constexpr int kD = Tr::kHeadDim;
@@ -434,6 +439,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   float acc_s[kBN / 2];
   uint32_t p_frag[kBN / 16][4];
   float correction[2];
+  ScoreModifier<kModified, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
   const auto reset_rows = [&] {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) acc_o[i] = 0.f;
@@ -458,6 +464,12 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // no longer in flight).
   auto softmax = [&](int tile, bool needs_mask) {
     const int k0 = tile * kBN;
+    if constexpr (kModified) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        modifier.template apply_row<kBN / 8>(cur.q0 + warp_row0 + group + h * 8, k0, thread_in_group * 2,
+                                    [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+    }
     if (needs_mask) {
       const VisibleKeyMask mask{cur.view.seqlen_q, cur.view.seqlen_k, p.window_left, p.window_right};
 #pragma unroll
@@ -541,11 +553,22 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     sm90::fence_registers(acc_s);
     release(&k_empty[stage]);
     if (cur.tiles.first == cur.tiles.last) release(&q_empty[cur.q_buffer]);
+    if constexpr (kModified) {
+      modifier = score_modifier<true, true>(p, cur.work.batch, cur.work.head, cur.view.seqlen_q, cur.view.seqlen_k);
+      row_max[0] = row_max[1] = modifier.initial_row_max();
+    }
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
     convert_p();
   };
   const auto finalize = [&](const Tile& t) {
-    store_output_rows<Tr, Element>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max, row_sum);
+    if constexpr (kModified) {
+      if (!t.has_keys()) {  // no first_softmax ran: the rows see only the sink, if any
+        modifier = score_modifier<true, true>(p, t.work.batch, t.work.head, t.view.seqlen_q, t.view.seqlen_k);
+        row_max[0] = row_max[1] = modifier.initial_row_max();
+      }
+    }
+    store_output_rows<Tr, Element>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max, row_sum,
+                                   modifier);
   };
 
   bool started = false;  // cur's first S and softmax done (by the previous tile's tail)
@@ -652,7 +675,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 // Dynamic: work tiles come from args.tile_counter, published by the producer;
 // otherwise the static order (the code both sides ran before the dynamic
 // schedule, instantiated apart so its code generation stays as it was).
-template <class Tr, typename Element, bool Trace, bool Dynamic = false>
+// kModified: score modifications (common/score_modification.h), untraced.
+template <class Tr, typename Element, bool Trace, bool Dynamic = false, bool kModified = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
   extern __shared__ unsigned char smem_raw[];
@@ -668,17 +692,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
-  forward_consumer<Tr, Element, Trace, Dynamic>(args, storage, warpgroup);
+  forward_consumer<Tr, Element, Trace, Dynamic, kModified>(args, storage, warpgroup);
 }
 
 // ---------------------------------------------------------------------------
 // Host side.
 
 // The dynamic-schedule instantiation, only for tilings that use one.
-template <class Tr, typename Element>
+template <class Tr, typename Element, bool kModified = false>
 auto dynamic_kernel() {
-  if constexpr (Tr::kDynamicSchedule) return fa3_forward_kernel<Tr, Element, false, true>;
-  else return fa3_forward_kernel<Tr, Element, false, false>;
+  if constexpr (Tr::kDynamicSchedule) return fa3_forward_kernel<Tr, Element, false, true, kModified>;
+  else return fa3_forward_kernel<Tr, Element, false, false, kModified>;
 }
 
 template <class Tr, typename Element>
@@ -690,7 +714,11 @@ void launch_forward(const AttentionParams& params) {
                                  device.l2_bytes);
   const bool dynamic = Tr::kDynamicSchedule && plan.dynamic && !params.trace.enabled() &&
                        params.workspace != nullptr && params.workspace_bytes >= sizeof(int);
+  // Score modifications: their own instantiations, either schedule; no trace (the mode refuses one).
+  const bool modified = params.modification.any();
   auto kernel = params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
+                : modified             ? (dynamic ? dynamic_kernel<Tr, Element, true>()
+                                                  : fa3_forward_kernel<Tr, Element, false, false, true>)
                 : dynamic              ? dynamic_kernel<Tr, Element>()
                                        : fa3_forward_kernel<Tr, Element, false>;
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);

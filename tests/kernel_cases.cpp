@@ -370,6 +370,17 @@ std::vector<KernelCase> sanitizer_cases(int compute_capability, const Kernels& k
                      std::string(dtype_label(varlen.dtype)) + "_d" + std::to_string(varlen.head_dim) +
                          "_varlen_causal",
                      varlen, compute_capability);
+    // Score modifications, all three, causal with rows that see no key.
+    ProblemSpec modified = probe_spec(pairs.back().first, pairs.back().second);
+    modified.seqlen_q = 203, modified.seqlen_k = 113;
+    modified.causal = true;
+    modified.softcap = 1.5;
+    modified.alibi = ProblemSpec::Alibi::per_batch;
+    modified.sinks = true;
+    add_if_supported(cases, kernel,
+                     std::string(dtype_label(modified.dtype)) + "_d" + std::to_string(modified.head_dim) +
+                         "_q203_k113_causal_softcap_alibi_sinks",
+                     modified, compute_capability);
   }
   return cases;
 }
@@ -588,12 +599,13 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
     bool causal;
     int window_left, window_right;
     bool varlen, deterministic;
+    bool modified = false;  // softcap, ALiBi and sinks together
   };
   const auto fp16 = at::kHalf, bf16 = at::kBFloat16;
   const std::vector<Shape> shapes = {
       {"fp16_d64_q113_k203", fp16, 64, 1, 2, 1, 113, 203, false, -1, -1, false, false},
       {"bf16_d128_b2_q7_k113_kv2_causal", bf16, 128, 2, 4, 2, 7, 113, true, -1, -1, false, false},
-      {"bf16_d64_q203_k113_w17_33", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false},
+      {"bf16_d64_q203_k113_w17_33_softcap_alibi_sinks", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false, true},
       {"fp16_d128_varlen_causal", fp16, 128, 1, 2, 1, 113, 203, true, -1, -1, true, false},  // lengths below
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},
       // no mask, three key blocks, three query blocks (d64): fa3's rotated walks
@@ -614,6 +626,11 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
       spec.dtype = shape.dtype;
       spec.causal = shape.causal;
       spec.window_left = shape.window_left, spec.window_right = shape.window_right;
+      if (shape.modified) {
+        spec.softcap = 1.5;
+        spec.alibi = ProblemSpec::Alibi::per_head;
+        spec.sinks = true;
+      }
       const size_t before = cases.size();
       add_if_backward_supported(cases, kernel, shape.label, spec, compute_capability);
       if (cases.size() > before) cases.back().deterministic = shape.deterministic;
@@ -638,8 +655,76 @@ const std::vector<CaseMatrix>& case_matrices() {
       {"BackwardMasked", backward_masked_cases},
       {"BackwardDeterminism", backward_determinism_cases},
       {"BackwardSanitizer", backward_sanitizer_cases},
+      {"ScoreModifications", score_modification_cases},
+      {"BackwardScoreModifications", backward_score_modification_cases},
   };
   return matrices;
+}
+
+namespace {
+
+// The score modifications the matrices cross with masks and shapes: each
+// alone (ALiBi per head and per batch entry), and all three together. A cap
+// of 1.5 bends the scaled scores of normal inputs (about +-3), so softcap is
+// not a no-op.
+struct Modification {
+  const char* label;
+  double softcap;
+  ProblemSpec::Alibi alibi;
+  bool sinks;
+};
+const std::vector<Modification>& modifications() {
+  using Alibi = ProblemSpec::Alibi;
+  static const std::vector<Modification> all = {{"softcap", 1.5, Alibi::none, false},
+                                                {"alibi", 0.0, Alibi::per_head, false},
+                                                {"alibi_batch", 0.0, Alibi::per_batch, false},
+                                                {"sinks", 0.0, Alibi::none, true},
+                                                {"softcap_alibi_sinks", 1.5, Alibi::per_head, true}};
+  return all;
+}
+
+// Each modification x {no mask, causal with rows that see no key (q 203 >
+// k 113), a window, a varlen batch with empty sequences}, GQA (8 over 2), head
+// dim 64, the 16-bit dtypes cycling; and float32 (causal) where taken.
+std::vector<KernelCase> modification_cases(int compute_capability, const Kernels& kernels, bool backward) {
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (size_t index = 0; index < modifications().size(); ++index) {
+      const Modification& modification = modifications()[index];
+      const auto modified = [&](ProblemSpec spec) {
+        spec.softcap = modification.softcap;
+        spec.alibi = modification.alibi;
+        spec.sinks = modification.sinks;
+        return spec;
+      };
+      const auto add = [&](const ProblemSpec& spec, const std::string& shape) {
+        add_if_supported(cases, kernel, std::string(modification.label) + "_" + dtype_label(spec.dtype) + shape,
+                         modified(spec), compute_capability, backward);
+      };
+      for (int mask = 0; mask < 4; ++mask) {
+        const at::ScalarType dtype = (index + mask) % 2 == 0 ? at::kHalf : at::kBFloat16;
+        if (mask == 0) add(grouped_spec(2, 113, 203, dtype), seqlen_label(113, 203) + "_kv2");
+        if (mask == 1) add(grouped_spec(2, 203, 113, dtype, /*causal=*/true), seqlen_label(203, 113) + "_kv2_causal");
+        if (mask == 2) {
+          ProblemSpec spec = grouped_spec(1, 257, 300, dtype);
+          spec.window_left = 17, spec.window_right = 33;
+          add(spec, seqlen_label(257, 300) + "_kv2" + window_label(17, 33));
+        }
+        if (mask == 3) add(varlen_spec(varlen_lengths()[1], dtype, 2, /*causal=*/false), "_varlen_unequal_kv2");
+      }
+      add(grouped_spec(2, 113, 203, at::kFloat, /*causal=*/true), seqlen_label(113, 203) + "_kv2_causal");
+    }
+  return cases;
+}
+
+}  // namespace
+
+std::vector<KernelCase> score_modification_cases(int compute_capability, const Kernels& kernels) {
+  return modification_cases(compute_capability, kernels, /*backward=*/false);
+}
+
+std::vector<KernelCase> backward_score_modification_cases(int compute_capability, const Kernels& kernels) {
+  return modification_cases(compute_capability, kernels, /*backward=*/true);
 }
 
 std::string flashlab_run_arguments(const ProblemSpec& spec) {
@@ -662,6 +747,10 @@ std::string flashlab_run_arguments(const ProblemSpec& spec) {
   if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
   if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
   if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
+  if (spec.softcap != 0.0) text << " --softcap " << spec.softcap;
+  if (spec.alibi != ProblemSpec::Alibi::none)
+    text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
+  if (spec.sinks) text << " --sinks";
   return text.str();
 }
 

@@ -50,6 +50,10 @@ std::vector<KernelCase> window_cases(int compute_capability = 0, const Kernels& 
 std::vector<KernelCase> varlen_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 // scores ~1e4, with a tight error bound
 std::vector<KernelCase> large_score_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// score modifications (softcap, ALiBi per head / per batch entry, sinks, all
+// three) x {none, causal with rows that see no key, a window, varlen}, GQA,
+// odd lengths, fp16/bf16 cycling, and fp32 where taken
+std::vector<KernelCase> score_modification_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 // Causality and determinism: one case per dtype the kernel takes.
 std::vector<KernelCase> property_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 // compute-sanitizer: every 16-bit dtype x head dim the kernel takes on small odd
@@ -73,6 +77,9 @@ std::vector<KernelCase> backward_masked_cases(int compute_capability = 0, const 
 // bitwise determinism: one case per 16-bit dtype (50 runs) and a batch-60
 // stress case (10 runs); KernelCase::runs says how many
 std::vector<KernelCase> backward_determinism_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// score_modification_cases' matrix through the backward (dsinks checked too)
+std::vector<KernelCase> backward_score_modification_cases(int compute_capability = 0,
+                                                          const Kernels& kernels = registered_kernels());
 // compute-sanitizer over the backward (flashlab-run --backward): head dims 64
 // and 128 on small odd shapes (GQA, causal, a window, a varlen batch with
 // empty sequences), one 16-bit dtype each; one case runs the deterministic

@@ -89,6 +89,7 @@ AttentionBackwardParams backward_params(const ProblemSpec& spec, const ProblemIn
           : make_backward_params(upstream, inputs.q, inputs.k, inputs.v, forward.out, forward.lse,
                                  gradients.dq, gradients.dk, gradients.dv, options);
   params.deterministic = deterministic;
+  if (gradients.dsinks.defined()) params.dsinks = gradients.dsinks.data_ptr<float>();
   return params;
 }
 
@@ -127,9 +128,10 @@ const KernelVariant& resolve_backward_kernel(const ProblemSpec& spec, const Prob
 
 Gradients poisoned_gradients(const ProblemSpec& spec, const ProblemInputs& inputs) {
   const at::TensorOptions options = inputs.q.options();
+  const at::Tensor dsinks = spec.sinks ? poisoned({spec.heads}, options.dtype(at::kFloat)) : at::Tensor();
   if (spec.layout != Layout::packed_qkv)
     return {poisoned(inputs.q.sizes(), options), poisoned(inputs.k.sizes(), options),
-            poisoned(inputs.v.sizes(), options)};
+            poisoned(inputs.v.sizes(), options), dsinks};
   // (..., H + 2*HKV, D), split along the head axis like the inputs.
   std::vector<int64_t> packed_shape = inputs.q.sizes().vec();
   const int64_t head_axis = inputs.q.dim() - 2;
@@ -137,7 +139,7 @@ Gradients poisoned_gradients(const ProblemSpec& spec, const ProblemInputs& input
   const at::Tensor packed = poisoned(packed_shape, options);
   return {packed.narrow(head_axis, 0, spec.heads),
           packed.narrow(head_axis, spec.heads, spec.kv_heads),
-          packed.narrow(head_axis, spec.heads + spec.kv_heads, spec.kv_heads)};
+          packed.narrow(head_axis, spec.heads + spec.kv_heads, spec.kv_heads), dsinks};
 }
 
 void run_backward(const KernelVariant& kernel, const ProblemSpec& spec, const ProblemInputs& inputs,
@@ -178,7 +180,9 @@ BackwardTolerance backward_tolerance(const ProblemSpec& spec, const BackwardRefe
   };
   const ReferenceGradients& exact = reference.reference;
   const ReferenceGradients& same = reference.same_precision;
-  return {rule(exact.dq, same.dq), rule(exact.dk, same.dk), rule(exact.dv, same.dv)};
+  BackwardTolerance tolerance{rule(exact.dq, same.dq), rule(exact.dk, same.dk), rule(exact.dv, same.dv)};
+  if (exact.dsinks.defined()) tolerance.dsinks = rule(exact.dsinks, same.dsinks);
+  return tolerance;
 }
 
 TileShape backward_tile_shape(const KernelVariant& kernel, const AttentionBackwardParams& params) {
@@ -200,9 +204,16 @@ GradientComparison compare_backward(const ProblemSpec& spec, const AttentionPara
   const TileContext queries = tile_context(spec, params, tiles);
   const TileContext keys = key_tile_context(spec, params, tiles);
   const ReferenceGradients& exact = reference.reference;
-  return {compare_rows("dq", gradients.dq, exact.dq, tolerance.dq.bound(), queries),
-          compare_rows("dk", gradients.dk, exact.dk, tolerance.dk.bound(), keys),
-          compare_rows("dv", gradients.dv, exact.dv, tolerance.dv.bound(), keys)};
+  GradientComparison comparison{compare_rows("dq", gradients.dq, exact.dq, tolerance.dq.bound(), queries),
+                                compare_rows("dk", gradients.dk, exact.dk, tolerance.dk.bound(), keys),
+                                compare_rows("dv", gradients.dv, exact.dv, tolerance.dv.bound(), keys)};
+  if (exact.dsinks.defined() && gradients.dsinks.defined()) {
+    // One value a head, as (batch 1, row 1, heads, col 1): the report names the head.
+    const auto as_rows = [](const at::Tensor& t) { return t.reshape({1, 1, t.size(0), 1}); };
+    comparison.dsinks = compare_elementwise("dsinks", as_rows(gradients.dsinks), as_rows(exact.dsinks),
+                                            tolerance.dsinks.bound());
+  }
+  return comparison;
 }
 
 std::vector<GradientElement> gradient_elements(const ProblemSpec& spec, const std::vector<int>& at,
@@ -303,6 +314,7 @@ struct BackwardCheck {
     result.dq = std::move(gradient_reports.dq);
     result.dk = std::move(gradient_reports.dk);
     result.dv = std::move(gradient_reports.dv);
+    result.dsinks = std::move(gradient_reports.dsinks);
     if (!options.show_element.empty())
       result.shown = gradient_elements(
           spec, options.show_element, run.gradients,
@@ -311,6 +323,7 @@ struct BackwardCheck {
     bool any_nonfinite = false;
     for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
       any_nonfinite |= report->nan_count + report->inf_count > 0;
+    if (result.dsinks) any_nonfinite |= result.dsinks->nan_count + result.dsinks->inf_count > 0;
     if (any_nonfinite) {
       explain_forward_nonfinite(result.out, result.lse, run.outputs, reference.forward,
                                 origin_inputs(spec, inputs, params));
@@ -358,6 +371,9 @@ std::string BackwardCheckResult::format() const {
     text << report->name << ": " << tolerance_text(*tolerance, "the forward's atol of this gradient")
          << "\n"
          << report->format();
+  if (dsinks)
+    text << "dsinks: " << tolerance_text(backward_tolerance.dsinks, "the forward's atol of this gradient") << "\n"
+         << dsinks->format();
   for (const GradientElement& element : shown)
     text << std::setprecision(9) << "element " << element.name << ": kernel " << element.kernel << ", reference "
          << element.reference << "\n"
@@ -382,7 +398,9 @@ std::string BackwardCheckResult::to_json() const {
        << tensor_json(lse, forward_tolerance.lse) << ", \"dq\": "
        << tensor_json(dq, backward_tolerance.dq) << ", \"dk\": "
        << tensor_json(dk, backward_tolerance.dk) << ", \"dv\": "
-       << tensor_json(dv, backward_tolerance.dv) << "}}";
+       << tensor_json(dv, backward_tolerance.dv);
+  if (dsinks) text << ", \"dsinks\": " << tensor_json(*dsinks, backward_tolerance.dsinks);
+  text << "}}";
   return text.str();
 }
 

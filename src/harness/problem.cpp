@@ -106,6 +106,22 @@ AttentionOptions ProblemSpec::attention_options() const {
   return options;
 }
 
+void draw_score_modifications(const ProblemSpec& spec, at::Device device, ProblemInputs& inputs, bool random) {
+  const auto float32 = at::TensorOptions().dtype(at::kFloat);
+  if (spec.alibi != ProblemSpec::Alibi::none) {
+    const at::Tensor heads = at::arange(1, spec.heads + 1, float32.dtype(at::kDouble));
+    at::Tensor slopes = at::pow(2.0, heads * (-8.0 / spec.heads));
+    if (spec.alibi == ProblemSpec::Alibi::per_batch) {
+      const int64_t batches = spec.is_varlen() ? static_cast<int64_t>(spec.seqlens_q.size()) : spec.batch;
+      slopes = at::outer(at::arange(1, batches + 1, float32.dtype(at::kDouble)) / batches, slopes);
+    }
+    inputs.alibi_slopes = slopes.to(at::kFloat).contiguous().to(device);
+  }
+  if (spec.sinks)
+    inputs.sinks = random ? mt19937_normal({spec.heads}, sinks_seed(spec.seed), device).to(at::kFloat)
+                          : at::zeros({spec.heads}, float32.device(device));
+}
+
 ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool random) {
   // Leading dimensions: (batch, seqlen) for fixed length, (total_tokens) packed.
   std::vector<int64_t> q_rows = {spec.batch, spec.seqlen_q}, k_rows = {spec.batch, spec.seqlen_k};
@@ -171,19 +187,7 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
     inputs.q.mul_(spec.qk_input_scale);
     inputs.k.mul_(spec.qk_input_scale);
   }
-  const auto float32 = at::TensorOptions().dtype(at::kFloat);
-  if (spec.alibi != ProblemSpec::Alibi::none) {
-    const at::Tensor heads = at::arange(1, spec.heads + 1, float32.dtype(at::kDouble));
-    at::Tensor slopes = at::pow(2.0, heads * (-8.0 / spec.heads));
-    if (spec.alibi == ProblemSpec::Alibi::per_batch) {
-      const int64_t batches = spec.is_varlen() ? static_cast<int64_t>(spec.seqlens_q.size()) : spec.batch;
-      slopes = at::outer(at::arange(1, batches + 1, float32.dtype(at::kDouble)) / batches, slopes);
-    }
-    inputs.alibi_slopes = slopes.to(at::kFloat).contiguous().to(device);
-  }
-  if (spec.sinks)
-    inputs.sinks = random ? mt19937_normal({spec.heads}, sinks_seed(spec.seed), device).to(at::kFloat)
-                          : at::zeros({spec.heads}, float32.device(device));
+  draw_score_modifications(spec, device, inputs, random);
   return inputs;
 }
 

@@ -180,9 +180,13 @@ ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor
   const int64_t heads = q.size(1), head_dim = q.size(2), total_q = q.size(0);
   const auto options_out = q.options().dtype(options.compute_dtype);
   // Rows of empty query sequences do not exist; rows whose key sequence is
-  // empty see no key, so the initial 0 / -inf are their final values.
+  // empty see no key, so the initial 0 / -inf (with sinks: the sink, the
+  // denominator's only term) are their final values.
   at::Tensor out = at::zeros({total_q, heads, head_dim}, options_out);
-  at::Tensor lse = at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), options_out);
+  const at::Tensor& sinks = options.modification.sinks;
+  at::Tensor lse = sinks.defined()
+                       ? sinks.to(q.device(), options.compute_dtype).view({heads, 1}).expand({heads, total_q}).contiguous()
+                       : at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), options_out);
   for_each_sequence(cu_seqlens_q, cu_seqlens_k,
                     [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start,
                         int64_t seqlen_k) {

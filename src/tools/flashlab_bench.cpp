@@ -105,6 +105,9 @@ struct BenchConfig {
   bool backends_given = false;
   bool sweep = false;  // tuning_kernels() instead of registered_kernels()
   std::vector<Direction> directions = {Direction::forward};
+  // --modifications: each kernel also runs as NAME+softcap, +alibi, +sinks, +all
+  // (score modifications; SDPA's rows stay plain: cuDNN has no softcap).
+  std::vector<std::string> modifications;
 
   // --decode (see the decode section below).
   bool decode = false;
@@ -210,6 +213,14 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                   config.directions.push_back(
                       flashlab::parse_choice("--direction", name, flashlab::direction_choices()));
                 forward_only.push_back("--direction");
+              })
+      .option("--modifications", "softcap,alibi,sinks,all",
+              "each registered kernel also runs with the score modification,\nas NAME+softcap (softcap 30), "
+              "NAME+alibi (ALiBi per head), NAME+sinks,\nNAME+all (the three); torch's rows stay plain "
+              "(--decode: contiguous cache rows)",
+              [&](const std::string& v) {
+                config.modifications = flashlab::parse_list("--modifications", v);
+                flashlab::check_choices("--modifications", config.modifications, {"softcap", "alibi", "sinks", "all"});
               })
       .flag("--sweep",
             "time every tuning configuration that takes the case (after a correctness\ncheck) against "
@@ -445,14 +456,34 @@ const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec&
   return current;
 }
 
-// "fa2_mma_sm80(det)" -> "fa2_mma_sm80", deterministic.
-std::string kernel_of(const std::string& implementation, bool* deterministic = nullptr) {
+// "fa2_mma_sm80+softcap(det)" -> "fa2_mma_sm80", deterministic, modification "softcap".
+std::string kernel_of(const std::string& implementation, bool* deterministic = nullptr,
+                      std::string* modification = nullptr) {
   const size_t suffix = implementation.size() >= kDeterministicSuffix.size()
                             ? implementation.size() - kDeterministicSuffix.size()
                             : 0;
   const bool det = implementation.compare(suffix, std::string::npos, kDeterministicSuffix) == 0;
   if (deterministic) *deterministic = det;
-  return det ? implementation.substr(0, suffix) : implementation;
+  std::string name = det ? implementation.substr(0, suffix) : implementation;
+  const size_t plus = name.find('+');
+  if (modification) *modification = plus == std::string::npos ? "" : name.substr(plus + 1);
+  return name.substr(0, plus);
+}
+
+// The spec with --modifications' entry applied (softcap 30, ALiBi per head, sinks).
+ProblemSpec modified_spec(ProblemSpec spec, const std::string& modification) {
+  if (modification == "softcap" || modification == "all") spec.softcap = 30.0;
+  if (modification == "alibi" || modification == "all") spec.alibi = ProblemSpec::Alibi::per_head;
+  if (modification == "sinks" || modification == "all") spec.sinks = true;
+  return spec;
+}
+
+// The case's inputs with the implementation's score modifications drawn
+// (slopes and sinks; Q, K, V shared with the other rows).
+flashlab::ProblemInputs modified_inputs(const ProblemSpec& spec, const flashlab::ProblemInputs& inputs) {
+  flashlab::ProblemInputs modified = inputs;
+  flashlab::draw_score_modifications(spec, inputs.q.device(), modified);
+  return modified;
 }
 
 void pin_sdpa_backend(const std::string& backend) {
@@ -509,11 +540,12 @@ std::function<void()> make_torch_backward_call(const std::string& backend, Direc
 std::function<void()> make_kernel_backward_call(const std::string& implementation, Direction direction,
                                                 const ProblemSpec& spec, const CurrentInputs& current) {
   bool deterministic = false;
-  const std::string kernel = kernel_of(implementation, &deterministic);
-  const flashlab::ProblemInputs& inputs = current.inputs;
-  ProblemSpec named = spec;
+  std::string modification;
+  const std::string kernel = kernel_of(implementation, &deterministic, &modification);
+  ProblemSpec named = modified_spec(spec, modification);
   named.kernel = kernel;
-  const flashlab::BackwardOptions options = flashlab::backward_options(named, deterministic);
+  const flashlab::ProblemInputs inputs = modified_inputs(named, current.inputs);
+  const flashlab::BackwardOptions options = flashlab::backward_options(named, inputs, deterministic);
   const at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
   const at::Tensor lse = at::empty({spec.batch, spec.heads, spec.seqlen_q}, inputs.q.options().dtype(at::kFloat));
   const at::Tensor dq = at::empty(inputs.q.sizes(), inputs.q.options());
@@ -549,9 +581,11 @@ std::function<void()> make_call(const std::string& implementation, Direction dir
   }
   at::Tensor out = at::empty(inputs.q.sizes(), inputs.q.options());
   at::Tensor lse = at::empty({spec.batch, spec.heads, spec.seqlen_q}, inputs.q.options().dtype(at::kFloat));
-  if (flashlab::find_kernel(implementation) != nullptr) {
+  std::string modification;
+  if (flashlab::find_kernel(kernel_of(implementation, nullptr, &modification)) != nullptr) {
     // A registered kernel: the public call, validation and dispatch included.
-    const flashlab::AttentionOptions options = spec.attention_options();
+    ProblemSpec named = modified_spec(spec, modification);
+    const flashlab::AttentionOptions options = flashlab::attention_options(named, modified_inputs(named, inputs));
     return [=] { flashlab::attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, options); };
   }
   // A tuning configuration: the harness's entry (validates, then launches).
@@ -758,13 +792,27 @@ std::optional<flashlab::L2Flush> l2_flush;
 // float32 attention of one sequence: q (heads, head_dim) over k, v (keys,
 // kv_heads, head_dim); query head h uses kv head h / (heads / kv_heads).
 // Returns (heads, head_dim).
-at::Tensor decode_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int64_t heads = q.size(0), kv_heads = k.size(1), head_dim = q.size(1);
+// With score modifications (--modifications): softcap, ALiBi slopes (heads)
+// over the distance keys - 1 - j of the one query row, sinks (heads).
+struct DecodeModification {
+  double softcap = 0.0;
+  at::Tensor alibi_slopes, sinks;
+};
+at::Tensor decode_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const DecodeModification& m = {}) {
+  const int64_t heads = q.size(0), kv_heads = k.size(1), head_dim = q.size(1), keys = k.size(0);
   const at::Tensor qf = q.to(at::kFloat).reshape({kv_heads, heads / kv_heads, head_dim});
   const at::Tensor kf = k.to(at::kFloat).permute({1, 2, 0});  // (kv_heads, head_dim, keys)
   const at::Tensor vf = v.to(at::kFloat).permute({1, 0, 2});  // (kv_heads, keys, head_dim)
-  const at::Tensor scores = at::matmul(qf, kf) / std::sqrt(double(head_dim));
-  return at::matmul(at::softmax(scores, -1), vf).reshape({heads, head_dim});
+  at::Tensor scores = at::matmul(qf, kf) / std::sqrt(double(head_dim));  // (kv_heads, group, keys)
+  if (m.softcap > 0) scores = at::tanh(scores / m.softcap) * m.softcap;
+  if (m.alibi_slopes.defined()) {
+    const at::Tensor distance = keys - 1 - at::arange(keys, scores.options());
+    scores = scores - m.alibi_slopes.view({kv_heads, heads / kv_heads, 1}) * distance;
+  }
+  if (!m.sinks.defined()) return at::matmul(at::softmax(scores, -1), vf).reshape({heads, head_dim});
+  const at::Tensor with_sink = at::cat({scores, m.sinks.view({kv_heads, heads / kv_heads, 1})}, -1);
+  return at::matmul(at::softmax(with_sink, -1).narrow(-1, 0, keys), vf).reshape({heads, head_dim});
 }
 
 // The inputs of the case being timed; every row of a case shares them.
@@ -845,16 +893,32 @@ struct DecodeCall {
   std::function<void()> call;        // what is timed
   std::function<at::Tensor()> run;   // one untimed call: its output as (batch, heads, head_dim)
   int splits = 0;                    // kernels: the splits the launch uses
+  std::vector<at::Tensor> reference;  // a modified row's own references (else the case's)
 };
 
 DecodeCall make_kernel_decode_call(const std::string& implementation, const DecodeCase& c, DecodeInputs& in,
                                    const BenchConfig& config) {
   bool paged = false;
-  const std::string name = decode_kernel_of(implementation, &paged);
+  std::string modification;
+  const std::string name = kernel_of(decode_kernel_of(implementation, &paged), nullptr, &modification);
   if (paged) make_paged_view(in, c, config.page_size);
   const at::Tensor k = paged ? in.k_pages : in.k_cache, v = paged ? in.v_pages : in.v_cache;
   flashlab::KvCacheOptions options;
   options.kernel = name;
+  DecodeCall result;
+  if (!modification.empty()) {  // modified_spec's values; slopes ALiBi's geometric ones, sinks normal
+    const ProblemSpec spec = modified_spec(ProblemSpec{}, modification);
+    const auto float32 = in.q.options().dtype(at::kFloat);
+    DecodeModification m;
+    m.softcap = spec.softcap;
+    if (spec.alibi != ProblemSpec::Alibi::none)
+      m.alibi_slopes = at::pow(2.0, at::arange(1, c.heads + 1, float32) * (-8.0 / c.heads));
+    if (spec.sinks) m.sinks = at::randn({c.heads}, float32);
+    options.softcap = m.softcap;
+    options.alibi_slopes = m.alibi_slopes;
+    options.sinks = m.sinks;
+    for (const int b : in.checked) result.reference.push_back(decode_reference(in.q[b][0], k[b], v[b], m));
+  }
   options.cache_seqlens = in.cache_seqlens;
   if (paged) options.block_table = in.block_table;
   options.num_splits = config.num_splits;
@@ -864,7 +928,6 @@ DecodeCall make_kernel_decode_call(const std::string& implementation, const Deco
   flashlab::attention_with_kvcache_into(in.q, k, v, out, lse, options);
   const flashlab::KvCacheParams params = flashlab::make_kvcache_params(in.q, k, v, out, lse, options);
   const flashlab::KernelVariant& kernel = flashlab::select_kvcache_kernel(params, name);
-  DecodeCall result;
   result.splits = flashlab::kvcache_splits(kernel, params);
   // out and lse ride along: params points into them.
   result.call = [&kernel, params, out, lse] { flashlab::run_kvcache_kernel(kernel, params); };
@@ -994,8 +1057,9 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
       bool paged = false;
       decode_kernel_of(implementation, &paged);
       std::string failure;
-      measurement.max_abs_error =
-          decode_output_error(out, in.checked, paged ? in.paged_reference : in.reference, failure);
+      measurement.max_abs_error = decode_output_error(
+          out, in.checked, !call.reference.empty() ? call.reference : paged ? in.paged_reference : in.reference,
+          failure);
       if (!failure.empty()) throw std::runtime_error(failure);
     }
     EventTimer timer;
@@ -1137,7 +1201,12 @@ int run_decode(const BenchConfig& config) {
         for (const int cache_len : config.cache_lens) {
           const DecodeCase c{batch, heads, kv_heads, head_dim, cache_len, config.dtype};
           std::vector<std::string> implementations;
-          if (config.contiguous_cache) implementations = kernels;
+          if (config.contiguous_cache) {
+            implementations = kernels;
+            for (const auto& kernel : kernels)
+              for (const std::string& modification : config.modifications)
+                implementations.push_back(kernel + "+" + modification);
+          }
           for (const auto& backend : config.backends) implementations.push_back("sdpa_" + backend);
           if (config.plain_read) implementations.push_back(kPlainRead);
           if (config.paged_cache)
@@ -1249,6 +1318,7 @@ int main(int argc, char** argv) {
       if (!selected(kernel.name) || (!forward && kernel.backward_launch == nullptr)) continue;
       implementations.push_back(kernel.name);
       if (!forward) implementations.push_back(kernel.name + kDeterministicSuffix);
+      for (const std::string& modification : config.modifications) implementations.push_back(kernel.name + "+" + modification);
     }
     for (const auto& backend : config.backends)
       if (forward || std::find(kBackwardBackends.begin(), kBackwardBackends.end(), backend) != kBackwardBackends.end())
@@ -1272,11 +1342,13 @@ int main(int argc, char** argv) {
                                       (causal ? "/causal" : "/full");
         for (const auto& implementation : implementations) {
           const bool torch = implementation.rfind("sdpa_", 0) == 0;
-          spec.kernel = torch ? "auto" : kernel_of(implementation);
+          std::string modification;
+          spec.kernel = torch ? "auto" : kernel_of(implementation, nullptr, &modification);
           if (!torch) {
             const flashlab::KernelVariant& kernel = *flashlab::find_any_kernel(spec.kernel);
-            const std::string reason = forward ? flashlab::unsupported_reason(kernel, spec)
-                                               : flashlab::backward_unsupported_reason(kernel, spec);
+            const ProblemSpec asked = modified_spec(spec, modification);
+            const std::string reason = forward ? flashlab::unsupported_reason(kernel, asked)
+                                               : flashlab::backward_unsupported_reason(kernel, asked);
             if (!reason.empty()) continue;
           }
           benchmark::RegisterBenchmark((case_name + "/" + implementation).c_str(),

@@ -153,17 +153,17 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       .option("--softmax-scale", "X", "(default 1/sqrt(D))",
               [&](const std::string& v) { spec.softmax_scale = flashlab::parse_number("--softmax-scale", v); })
       .option("--softcap", "X",
-              "cap the scaled scores at X * tanh(s / X) (flash-attn's softcap; 0 = off;\nno kernel applies it yet)",
+              "cap the scaled scores at X * tanh(s / X) (flash-attn's softcap; 0 = off)",
               [&](const std::string& v) { spec.softcap = flashlab::parse_number("--softcap", v); })
       .option("--alibi", "per-head|per-batch",
-              "ALiBi slopes 2^(-8 (h + 1) / H), per head or per batch entry and head\n(no kernel applies them yet)",
+              "ALiBi slopes 2^(-8 (h + 1) / H), per head, or per batch entry and head\n(times (b + 1) / B)",
               [&](const std::string& v) {
                 spec.alibi = flashlab::parse_choice<flashlab::ProblemSpec::Alibi>(
                     "--alibi", v,
                     {{"per-head", flashlab::ProblemSpec::Alibi::per_head},
                      {"per-batch", flashlab::ProblemSpec::Alibi::per_batch}});
               })
-      .flag("--sinks", "a sink logit per head, normal(0, 1) from the seed (no kernel applies it yet)",
+      .flag("--sinks", "a sink logit per head, normal(0, 1) from the seed, in every row's softmax\ndenominator (--backward also checks dsinks)",
             [&] { spec.sinks = true; })
       .option("--device", "N", "the CUDA device to run on (default: the current one, 0 unless\nCUDA_VISIBLE_DEVICES says otherwise)",
               [&](const std::string& v) { arguments.device = parse_int("--device", v, 0, kIntMax); })

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include "flashlab/harness/backward_check.h"
+#include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/problem.h"
 #include "flashlab/harness/reference.h"
 #include "flashlab/kernel_registry.h"
@@ -103,14 +105,25 @@ TEST_F(ProblemScoreModification, OptionsReferenceAndDescriptionCarryThem) {
   EXPECT_GT((reference.reference.lse - plain.lse).abs().max().item<double>(), 1e-3);
 }
 
-TEST(ProblemScoreModificationChoice, EveryKernelRefusesThemByName) {
+// Every registered kernel takes the three modifications in its forward and
+// backward (fp16, head_dim 64: a problem each takes on a 9.0 device); a kernel
+// without them (a tuning configuration) is refused, naming the kernels that do.
+TEST(ProblemScoreModificationChoice, RegisteredKernelsTakeThemOthersAreRefusedByName) {
   ProblemSpec spec = modified_spec();
-  spec.softcap = 0.0;
-  spec.alibi = ProblemSpec::Alibi::none;
+  spec.dtype = at::kHalf;
+  spec.head_dim = 64;
+  std::string names;
   for (const auto& kernel : registered_kernels()) {
     spec.kernel = kernel.name;
-    EXPECT_EQ(unsupported_reason(kernel, spec, 90), kernel.name + " does not apply sinks (kernels that do: none yet)");
+    EXPECT_EQ(unsupported_reason(kernel, spec, 90), "") << kernel.name;
+    EXPECT_EQ(backward_unsupported_reason(kernel, spec, 90), "") << kernel.name;
+    names += (names.empty() ? "" : ", ") + kernel.name;
   }
+  ASSERT_FALSE(tuning_kernels().empty());
+  const KernelVariant& tuning = tuning_kernels().front();
+  spec.kernel = tuning.name;
+  EXPECT_EQ(unsupported_reason(tuning, spec, 90),
+            tuning.name + " does not apply softcap, alibi_slopes, sinks (kernels that do: " + names + ")");
 }
 
 }  // namespace

@@ -179,5 +179,21 @@ TEST(ReferenceScoreModification, VarlenTakesEachSequencesAlibiRowAndSumsTheSinks
   EXPECT_TRUE(at::allclose(packed_gradients.dsinks, fixed_gradients.dsinks, 1e-12, 1e-12));
 }
 
+// A sequence without keys: its rows see only the sink, so out 0 and LSE = the
+// sink (not -inf), and no gradient (D = 0). (The kernels wrote the sink while
+// this reference kept -inf: session 23's first GPU run.)
+TEST(ReferenceScoreModification, VarlenRowsWithoutKeysHaveTheSinkAsLse) {
+  Problem p = odd_problem(-1, -1);
+  p.options.modification.sinks = at::tensor({0.3, -1.2, 2.0, 0.0}, at::kDouble);
+  const at::Tensor cu_q = at::tensor({0, 7, 14}, at::kInt), cu_k = at::tensor({0, 0, 13}, at::kInt);
+  const auto pack = [](const at::Tensor& t) { return t.reshape({-1, t.size(2), t.size(3)}); };
+  const ReferenceOutput packed =
+      reference_attention_varlen(pack(p.q), pack(p.k).narrow(0, 0, 13), pack(p.v).narrow(0, 0, 13), cu_q, cu_k, p.options);
+  const at::Tensor first = packed.lse.narrow(1, 0, 7);  // (heads, 7): sequence 0, no keys
+  EXPECT_TRUE(at::equal(first, p.options.modification.sinks.view({4, 1}).expand({4, 7}).to(first.scalar_type())));
+  EXPECT_TRUE(at::equal(packed.out.narrow(0, 0, 7), at::zeros_like(packed.out.narrow(0, 0, 7))));
+  EXPECT_TRUE(at::isfinite(packed.lse).all().item<bool>());
+}
+
 }  // namespace
 }  // namespace flashlab

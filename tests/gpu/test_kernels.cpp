@@ -30,6 +30,7 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, Forward, ::testing::ValuesIn(head_dim_cases()
 INSTANTIATE_TEST_SUITE_P(SlidingWindow, Forward, ::testing::ValuesIn(window_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(Varlen, Forward, ::testing::ValuesIn(varlen_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(LargeScores, Forward, ::testing::ValuesIn(large_score_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(ScoreModifications, Forward, ::testing::ValuesIn(score_modification_cases()), case_name);
 
 }  // namespace
 }  // namespace flashlab::testing

@@ -6,7 +6,12 @@ Masks as flash-attn (and flashlab) define them, aligned bottom-right: query row 
 of seqlen_q sees key j of seqlen_k when
     j >= i + seqlen_k - seqlen_q - window_left    (window_left >= 0)
     j <= i + seqlen_k - seqlen_q + window_right   (window_right >= 0; causal: 0)
-A row that sees no key gives out 0 and lse -inf.
+A row that sees no key gives out 0 and lse -inf (with a sink: lse = the sink).
+
+Score modifications, flash-attn's definitions, on the scaled scores s: softcap
+-> softcap * tanh(s / softcap); ALiBi -> s - slope * |i + seqlen_k - seqlen_q - j|
+(slopes (heads) or (batch, heads)); then the mask; sinks (heads): one more
+logit per head in every row's softmax denominator, with no value row.
 """
 import math
 
@@ -33,22 +38,40 @@ def reference_dtype(dtype):
     return torch.float64 if dtype == torch.float32 else torch.float32
 
 
-def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None):
+def attention_ref(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, softcap=0.0,
+                  alibi_slopes=None, sinks=None):
     """q (batch, seqlen_q, heads, d), k/v (batch, seqlen_k, kv_heads, d), computed in
-    q's dtype (call it on upcast copies for the precise reference). Differentiable.
-    Returns out (batch, seqlen_q, heads, d) and lse (batch, heads, seqlen_q) float32."""
-    heads, kv_heads, head_dim = q.shape[2], k.shape[2], q.shape[3]
+    q's dtype (call it on upcast copies for the precise reference; sinks too, which is
+    differentiable like q, k, v). Returns out (batch, seqlen_q, heads, d) and lse
+    (batch, heads, seqlen_q) float32."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, kv_heads = k.shape[1], k.shape[2]
     if heads != kv_heads:
         k = k.repeat_interleave(heads // kv_heads, dim=2)
         v = v.repeat_interleave(heads // kv_heads, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    mask = visible(q.shape[1], k.shape[1], causal, window, q.device)
-    empty = ~mask.any(dim=-1, keepdim=True)  # rows that see no key
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        rows = torch.arange(seqlen_q, device=q.device)[:, None]
+        cols = torch.arange(seqlen_k, device=q.device)[None, :]
+        distance = (rows + seqlen_k - seqlen_q - cols).abs().to(scores.dtype)
+        slopes = alibi_slopes.to(scores.dtype).expand(batch, heads) if alibi_slopes.dim() == 2 \
+            else alibi_slopes.to(scores.dtype)[None, :].expand(batch, heads)
+        scores = scores - slopes[:, :, None, None] * distance
+    mask = visible(seqlen_q, seqlen_k, causal, window, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:  # one more column: the sink's logit, no value
+        sink_column = sinks.to(scores.dtype)[None, :, None, None].expand(batch, heads, seqlen_q, 1)
+        scores = torch.cat([scores, sink_column], dim=-1)
+        mask = torch.cat([mask, torch.ones(seqlen_q, 1, dtype=torch.bool, device=q.device)], dim=-1)
+    empty = ~mask.any(dim=-1, keepdim=True)  # rows that see no key (and no sink)
     lse = torch.logsumexp(scores.detach().float(), dim=-1)
     # Empty rows: softmax of finite stand-ins, then zeroed (no NaN in values or gradients).
     probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty | ~mask, 0.0)
+    if sinks is not None:
+        probs = probs[..., :seqlen_k]
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     return out, lse
 

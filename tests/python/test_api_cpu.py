@@ -81,24 +81,25 @@ def test_the_registry_lists_the_kernels_with_their_passes():
 
 SCHEMAS = {
     "fwd": "flashlab::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-           "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
+           "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
            "-> (Tensor out, Tensor lse)",
     "varlen_fwd": "flashlab::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
                   "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, "
                   "bool causal=False, int window_left=-1, int window_right=-1, bool deterministic=False, "
-                  "str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
+                  "str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
     "bwd": "flashlab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-           "bool deterministic=False, str kernel_name=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+           "bool deterministic=False, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
+           "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
     "varlen_bwd": "flashlab::varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, "
                   "Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
                   "int max_seqlen_k, float? softmax_scale=None, bool causal=False, int window_left=-1, "
-                  "int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
-                  "-> (Tensor dq, Tensor dk, Tensor dv)",
+                  "int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
+                  "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
     "fwd_kvcache": "flashlab::fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, "
                    "Tensor? k=None, Tensor? v=None, Tensor? cache_seqlens=None, "
                    "Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
-                   "int window_left=-1, int window_right=-1, int num_splits=0, str kernel_name=\"auto\") "
+                   "int window_left=-1, int window_right=-1, int num_splits=0, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
                    "-> (Tensor out, Tensor lse)",
 }
 
@@ -164,7 +165,7 @@ def test_flash_attn_signature(function):
                 for e in SIGNATURES[function]]
     assert [(p.name, p.default) for p in positional] == expected
     keyword_only = [(p.name, p.default) for p in parameters if p.kind is p.KEYWORD_ONLY]
-    assert keyword_only == [("kernel", "auto")]
+    assert keyword_only == [("kernel", "auto"), ("sinks", None)]
 
 
 # ---------------------------------------------------------------------------
@@ -310,6 +311,13 @@ def opcheck_cases():
     return {
         "fwd": (torch.ops.flashlab.fwd.default, (q, k, v, None, True, -1, -1, False, "auto")),
         "fwd_window_scale": (torch.ops.flashlab.fwd.default, (q, k, v, 0.3, False, 8, 3, True, "auto")),
+        # softcap, ALiBi slopes (no gradient) and sinks (a gradient: dsinks from bwd's fake)
+        "fwd_modified": (torch.ops.flashlab.fwd.default,
+                         (q, k, v, None, True, -1, -1, False, "auto", 2.5,
+                          meta(4, dtype=torch.float32), meta(4, dtype=torch.float32, grad=True))),
+        "bwd_sinks": (torch.ops.flashlab.bwd.default,
+                      (dout, out, meta(2, 33, 2, 40), meta(2, 33, 2, 40), out, lse, None, True, -1, -1,
+                       False, "auto", 0.0, None, meta(4, dtype=torch.float32))),
         "varlen_fwd": (torch.ops.flashlab.varlen_fwd.default,
                        (qv, kv_, vv, cu_q, cu_k, 12, 12, None, True, -1, -1, False, "auto")),
         "bwd": (torch.ops.flashlab.bwd.default,
@@ -346,10 +354,14 @@ ERRORS = [
      "flash_attn_func: flashlab has no dropout; dropout_p must be 0.0, got 0.1"),
     ("dropout_positional", lambda: flash_attn_func(q16, k16, k16, 0.5), NotImplementedError,
      "dropout_p must be 0.0, got 0.5"),
-    ("softcap", lambda: flash_attn_func(q16, k16, k16, softcap=30.0), NotImplementedError,
-     "flashlab has no soft-capping; softcap must be 0.0, got 30.0"),
-    ("alibi", lambda: flash_attn_func(q16, k16, k16, alibi_slopes=torch.ones(2)), NotImplementedError,
-     "flashlab has no ALiBi; alibi_slopes must be None, got a Tensor"),
+    ("softcap_negative", lambda: flash_attn_func(q16, k16, k16, softcap=-1.0), ValueError,
+     "flash_attn_func: softcap must be a float >= 0 (0: off); got -1.0"),
+    ("softcap_str", lambda: flash_attn_func(q16, k16, k16, softcap="30"), ValueError,
+     "softcap must be a float >= 0 (0: off); got '30'"),
+    ("alibi_list", lambda: flash_attn_func(q16, k16, k16, alibi_slopes=[1.0, 2.0]), TypeError,
+     "flash_attn_func: alibi_slopes must be a float32 tensor or None; got a list"),
+    ("sinks_list", lambda: flash_attn_func(q16, k16, k16, sinks=[0.0, 0.0]), TypeError,
+     "flash_attn_func: sinks must be a float32 tensor or None; got a list"),
     ("window_not_a_pair", lambda: flash_attn_func(q16, k16, k16, window_size=5), ValueError,
      "window_size must be a pair (left, right) of ints or integer tensors (negative: unbounded); "
      "got 5"),
@@ -377,14 +389,14 @@ ERRORS = [
      NotImplementedError, "takes no paged K/V; block_table must be None"),
     ("varlen_max_seqlen_float", lambda: flash_attn_varlen_func(vq, vk, vk, cu, cu, 4.5, 4),
      TypeError, "max_seqlen_q must be an int, got float"),
-    ("varlen_softcap", lambda: flash_attn_varlen_func(vq, vk, vk, cu, cu, 4, 4, softcap=5.0),
-     NotImplementedError, "flash_attn_varlen_func: flashlab has no soft-capping"),
+    ("varlen_softcap", lambda: flash_attn_varlen_func(vq, vk, vk, cu, cu, 4, 4, softcap=-5.0),
+     ValueError, "flash_attn_varlen_func: softcap must be a float >= 0"),
     ("varlen_qkvpacked_shape", lambda: flash_attn_varlen_qkvpacked_func(meta(4, 2, 2, 64), cu, 4),
      ValueError, "qkv must be (total, 3, heads, head_dim); got shape (4, 2, 2, 64)"),
     ("varlen_kvpacked_alibi",
      lambda: flash_attn_varlen_kvpacked_func(vq, meta(4, 2, 2, 64), cu, cu, 4, 4,
-                                             alibi_slopes=torch.ones(2)),
-     NotImplementedError, "no ALiBi"),
+                                             alibi_slopes=(1.0, 2.0)),
+     TypeError, "flash_attn_varlen_kvpacked_func: alibi_slopes must be a float32 tensor or None"),
     ("kvcache_rotary",
      lambda: flash_attn_with_kvcache(q16, cache, cache, rotary_cos=torch.ones(4, 32),
                                      rotary_sin=torch.ones(4, 32)),
@@ -395,10 +407,10 @@ ERRORS = [
     ("kvcache_leftpad",
      lambda: flash_attn_with_kvcache(q16, cache, cache, cache_leftpad=torch.zeros(1, dtype=torch.int32)),
      NotImplementedError, "cache_leftpad is not supported; it must be None"),
-    ("kvcache_softcap", lambda: flash_attn_with_kvcache(q16, cache, cache, softcap=1.0),
-     NotImplementedError, "flash_attn_with_kvcache: flashlab has no soft-capping"),
-    ("kvcache_alibi", lambda: flash_attn_with_kvcache(q16, cache, cache, alibi_slopes=torch.ones(2)),
-     NotImplementedError, "flash_attn_with_kvcache: flashlab has no ALiBi"),
+    ("kvcache_softcap", lambda: flash_attn_with_kvcache(q16, cache, cache, softcap=-1.0),
+     ValueError, "flash_attn_with_kvcache: softcap must be a float >= 0"),
+    ("kvcache_sinks", lambda: flash_attn_with_kvcache(q16, cache, cache, sinks=1.0),
+     TypeError, "flash_attn_with_kvcache: sinks must be a float32 tensor or None; got a float"),
     ("kvcache_k_without_v", lambda: flash_attn_with_kvcache(q16, cache, cache, k=k16, cache_seqlens=1),
      ValueError, "k and v go together (both new keys and values, or neither); got k a tensor, v None"),
     ("kvcache_seqlens_int64",
@@ -434,9 +446,10 @@ def test_window_items_as_flash_attn_takes_them(window_size, monkeypatch):
         def __getattr__(self, name):
             return getattr(torch.ops.flashlab, name)
 
-        def fwd(self, q, k, v, scale, causal, left, right, deterministic, kernel):
+        def fwd(self, q, k, v, scale, causal, left, right, deterministic, kernel, *modifications):
             seen.append((left, right))
-            return torch.ops.flashlab.fwd(q, k, v, scale, causal, left, right, deterministic, kernel)
+            return torch.ops.flashlab.fwd(q, k, v, scale, causal, left, right, deterministic, kernel,
+                                          *modifications)
 
     monkeypatch.setattr(flashlab.flash_attn_interface, "ops", Spy())
     flash_attn_func(q16, k16, k16, window_size=window_size)

@@ -102,7 +102,7 @@ def check_forward_backward(dtype, out, lse, inputs, reference, grads=None, dout=
         return
     grads_ref = torch.autograd.grad(out_ref, precise_inputs, dout.to(out_ref.dtype))
     grads_pt = torch.autograd.grad(out_pt, same_inputs, dout)
-    for name, grad, grad_ref, grad_pt in zip(("dq", "dk", "dv"), grads, grads_ref, grads_pt):
+    for name, grad, grad_ref, grad_pt in zip(("dq", "dk", "dv", "dsinks"), grads, grads_ref, grads_pt):
         assert_close_to_reference(name, grad, grad_ref, grad_pt, 3, dtype)
 
 
@@ -224,6 +224,111 @@ def test_named_kernel(kernel, dtype, head_dim, seqlens, causal):
     grads = torch.autograd.grad(out, (q, k, v), dout)
     check_forward_backward(dtype, out, lse, (q, k, v),
                            lambda q, k, v: attention_ref(q, k, v, causal=causal), grads, dout)
+
+
+# ---------------------------------------------------------------------------
+# Score modifications: softcap, ALiBi (per head, per batch entry), sinks (with
+# their gradient), and all three, on every kernel, forward and backward.
+
+MODIFICATIONS = {
+    "softcap": dict(softcap=2.0),
+    "alibi": dict(alibi="head"),
+    "alibi_batch": dict(alibi="batch"),
+    "sinks": dict(sinks=True),
+    "all": dict(softcap=2.0, alibi="head", sinks=True),
+}
+
+
+def modification_cases():
+    cases = []
+    kernels = ["auto"] + [name for name in flashlab.kernels() if name != "fa3_wgmma_sm90"]
+    for i, (name, kernel) in enumerate(itertools.product(MODIFICATIONS, kernels)):
+        dtype, causal = DTYPES[i % 2], i % 3 != 0
+        seqlens = [(113, 203), (203, 113), (1023, 1024)][i % 3]  # 203 x 113 causal: rows see no key
+        head_dim = [64, 128, 59][(i // 3) % 3]
+        case = (name, kernel, dtype, head_dim, seqlens, causal)
+        cases.append(pytest.param(*case, id=f"{name}-{kernel}-{DTYPE_IDS[dtype]}-d{head_dim}-"
+                                            f"{seqlens[0]}x{seqlens[1]}-{'causal' if causal else 'full'}"))
+    return cases
+
+
+def modification_inputs(name, batch, heads):
+    """softcap, alibi_slopes (ALiBi's geometric slopes, per head or scaled per batch entry)
+    and sinks (normal, a leaf) for a case of MODIFICATIONS."""
+    spec = MODIFICATIONS[name]
+    slopes = None
+    if "alibi" in spec:
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], device=DEVICE)
+        if spec["alibi"] == "batch":
+            slopes = torch.outer(torch.arange(1, batch + 1, device=DEVICE) / batch, slopes).contiguous()
+    sinks = torch.randn(heads, device=DEVICE, requires_grad=True) if spec.get("sinks") else None
+    return spec.get("softcap", 0.0), slopes, sinks
+
+
+@pytest.mark.parametrize("name,kernel,dtype,head_dim,seqlens,causal", modification_cases())
+def test_score_modifications(name, kernel, dtype, head_dim, seqlens, causal):
+    seeded("modification", name, kernel, dtype, head_dim, seqlens, causal)
+    seqlen_q, seqlen_k = seqlens
+    batch = 2
+    q = torch.randn(batch, seqlen_q, HEADS, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+    k = torch.randn(batch, seqlen_k, 2, head_dim, device=DEVICE, dtype=dtype, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    softcap, slopes, sinks = modification_inputs(name, batch, HEADS)
+    out, lse, _ = run_or_skip_other_device(lambda: flash_attn_func(
+        q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes, return_attn_probs=True,
+        kernel=kernel, sinks=sinks))
+    dout = torch.randn_like(out)
+    leaves = (q, k, v) + ((sinks,) if sinks is not None else ())
+    grads = torch.autograd.grad(out, leaves, dout)
+    check_forward_backward(
+        dtype, out, lse, leaves,
+        lambda q, k, v, *sink: attention_ref(q, k, v, causal=causal, softcap=softcap, alibi_slopes=slopes,
+                                             sinks=sink[0] if sink else None),
+        grads, dout)
+
+
+def test_score_modifications_varlen_and_kvcache():
+    """The same definitions through flash_attn_varlen_func (a sequence without keys:
+    its rows give 0 and lse = the sink) and flash_attn_with_kvcache (appending, split)."""
+    seeded("modification varlen")
+    lengths_q, lengths_k = [5, 0, 113, 64], [203, 7, 0, 64]
+    cu_q = torch.tensor([0] + list(itertools.accumulate(lengths_q)), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(lengths_k)), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(lengths_q), HEADS, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(sum(lengths_k), 2, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    softcap, slopes, sinks = modification_inputs("all", len(lengths_q), HEADS)
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True,
+                                         softcap=softcap, alibi_slopes=slopes, return_attn_probs=True,
+                                         sinks=sinks)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, sinks), dout)
+    check_forward_backward(
+        torch.bfloat16, out, lse, (q, k, v, sinks),
+        lambda q, k, v, s: varlen_attention_ref(q, k, v, cu_q, cu_k, causal=True, softcap=softcap,
+                                                alibi_slopes=slopes, sinks=s),
+        grads, dout)
+    # Decoding: 2 new tokens appended to caches of 300 keys, forced into 3 splits.
+    q = torch.randn(2, 2, HEADS, 128, device=DEVICE, dtype=torch.float16)
+    k_cache = torch.randn(2, 512, 2, 128, device=DEVICE, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    k_new, v_new = torch.randn(2, 2, 2, 128, device=DEVICE, dtype=torch.float16), \
+        torch.randn(2, 2, 2, 128, device=DEVICE, dtype=torch.float16)
+    seqlens = torch.tensor([300, 17], dtype=torch.int32, device=DEVICE)
+    softcap, slopes, sinks = modification_inputs("all", 2, HEADS)
+    sinks = sinks.detach()
+    for splits in (1, 3):
+        kc, vc = k_cache.clone(), v_cache.clone()
+        out, lse = flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, causal=True,
+                                           softcap=softcap, alibi_slopes=slopes, num_splits=splits,
+                                           return_softmax_lse=True, sinks=sinks)
+        for b in range(2):
+            n = int(seqlens[b]) + 2
+            qb, kb, vb = q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n]
+            check_forward_backward(
+                torch.float16, out[b:b + 1], lse[b:b + 1], (qb, kb, vb),
+                lambda q, k, v: attention_ref(q, k, v, causal=True, softcap=softcap,
+                                              alibi_slopes=slopes, sinks=sinks))
 
 
 def test_softmax_scale_stays_that_of_the_original_head_dim():

@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ BackwardOptions backward_options(const ProblemSpec& spec, const ProblemInputs& i
 
 struct Gradients {
   at::Tensor dq, dk, dv;  // shapes of q, k, v
+  at::Tensor dsinks;      // float32 (heads), with sinks
 };
 
 // The backward parameter block for these tensors (no launch). outputs, dout
@@ -67,7 +69,8 @@ std::string backward_unsupported_reason(const KernelVariant& kernel, const Probl
 // choice. Throws c10::Error with the reason when there is none.
 const KernelVariant& resolve_backward_kernel(const ProblemSpec& spec, const ProblemInputs& inputs);
 
-// NaN-filled gradients (a gradient element never written fails). bshd: three
+// NaN-filled gradients (a gradient element never written fails; dsinks too,
+// with sinks). bshd: three
 // contiguous tensors. packed-qkv: dq, dk, dv are views of one (..., H + 2*HKV, D)
 // tensor, like the inputs (flash_attn_qkvpacked_func's dqkv), so their row
 // strides are the packed ones.
@@ -89,6 +92,7 @@ BackwardReference reference_backward(const ProblemSpec& spec, const ProblemInput
 
 struct BackwardTolerance {
   Tolerance dq, dk, dv;  // same_precision_factor 3, rounding atol fwd_atol(gradient, dtype)
+  Tolerance dsinks;      // with sinks: the same rule, of dsinks
 };
 BackwardTolerance backward_tolerance(const ProblemSpec& spec, const BackwardReference& reference);
 
@@ -102,6 +106,7 @@ TileContext key_tile_context(const ProblemSpec& spec, const AttentionParams& par
 
 struct GradientComparison {
   ComparisonReport dq, dk, dv;
+  std::optional<ComparisonReport> dsinks;  // with sinks: the (heads) gradient, as (1, 1, heads, 1)
 };
 GradientComparison compare_backward(const ProblemSpec& spec, const AttentionParams& params,
                                     const TileShape& tiles, const Gradients& gradients,
@@ -137,13 +142,15 @@ struct BackwardCheckResult {
   bool backward_tiles_known = false;  // the kernel has a backward_tile_shape
   int64_t workspace_bytes = 0;  // the backward's workspace query
   ComparisonReport out, lse, dq, dk, dv;
+  std::optional<ComparisonReport> dsinks;  // with sinks
   ForwardTolerance forward_tolerance;
   BackwardTolerance backward_tolerance;
   double forward_ms = -1, backward_ms = -1;  // medians over the timed launches, when timed
   std::vector<GradientElement> shown;        // BackwardCheckOptions::show_element
 
   bool passed() const {
-    return out.passed() && lse.passed() && dq.passed() && dk.passed() && dv.passed();
+    return out.passed() && lse.passed() && dq.passed() && dk.passed() && dv.passed() &&
+           (!dsinks || dsinks->passed());
   }
   std::string format() const;
   // {"passed", "kernel", "problem", "deterministic", ..., "tensors": {"out": {...},

@@ -75,6 +75,10 @@ uint64_t sinks_seed(uint64_t seed);
 // random = false the tensors have the right shapes and strides but no values
 // (enough to ask a kernel whether it supports the problem).
 ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool random = true);
+// The spec's ALiBi slopes and sinks alone into inputs (make_inputs' last step;
+// the benchmark adds them to inputs it made for the plain problem).
+void draw_score_modifications(const ProblemSpec& spec, at::Device device, ProblemInputs& inputs,
+                              bool random = true);
 
 // A parameter block of spec built on the host from shapes and strides alone
 // (CPU tensors without values): make(spec', inputs) on spec with one batch

@@ -47,15 +47,24 @@ int to_int(int64_t value, const char* name) {
   return static_cast<int>(value);
 }
 
+// The score modifications (attention.h): softcap, ALiBi slopes, sinks.
+struct Modifications {
+  double softcap = 0.0;
+  std::optional<at::Tensor> alibi_slopes, sinks;
+};
+
 template <typename Options>
 Options attention_options(std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                          int64_t window_right, c10::string_view kernel) {
+                          int64_t window_right, c10::string_view kernel, const Modifications& modifications) {
   Options options;
   options.causal = causal;
   options.softmax_scale = softmax_scale;
   options.window_left = to_int(window_left, "window_left");
   options.window_right = to_int(window_right, "window_right");
   options.kernel = std::string(kernel);
+  options.softcap = modifications.softcap;
+  if (modifications.alibi_slopes) options.alibi_slopes = *modifications.alibi_slopes;
+  if (modifications.sinks) options.sinks = *modifications.sinks;
   return options;
 }
 
@@ -63,10 +72,11 @@ Options attention_options(std::optional<double> softmax_scale, bool causal, int6
 // forward's inputs); the forward is deterministic anyway.
 TensorPair fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                std::optional<double> softmax_scale, bool causal, int64_t window_left,
-               int64_t window_right, bool /*deterministic*/, c10::string_view kernel) {
-  auto result = attention_forward(
-      q, k, v,
-      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel));
+               int64_t window_right, bool /*deterministic*/, c10::string_view kernel, double softcap,
+               const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  auto result = attention_forward(q, k, v,
+                                  attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right,
+                                                                      kernel, {softcap, alibi_slopes, sinks}));
   return contiguous(result.out, result.lse);
 }
 
@@ -74,44 +84,55 @@ TensorPair varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                       int64_t max_seqlen_q, int64_t max_seqlen_k,
                       std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                      int64_t window_right, bool /*deterministic*/, c10::string_view kernel) {
+                      int64_t window_right, bool /*deterministic*/, c10::string_view kernel, double softcap,
+                      const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   auto result = attention_varlen_forward(
       q, k, v, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"),
       to_int(max_seqlen_k, "max_seqlen_k"),
-      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel));
+      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel,
+                                          {softcap, alibi_slopes, sinks}));
   return contiguous(result.out, result.lse);
 }
 
 BackwardOptions backward_options(std::optional<double> softmax_scale, bool causal,
                                  int64_t window_left, int64_t window_right, bool deterministic,
-                                 c10::string_view kernel) {
+                                 c10::string_view kernel, const Modifications& modifications) {
   auto options = attention_options<BackwardOptions>(softmax_scale, causal, window_left,
-                                                    window_right, kernel);
+                                                    window_right, kernel, modifications);
   options.deterministic = deterministic;
   return options;
 }
 
-TensorTriple bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                 const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                 std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                 int64_t window_right, bool deterministic, c10::string_view kernel) {
-  auto grads = attention_backward(
-      dout, q, k, v, out, lse,
-      backward_options(softmax_scale, causal, window_left, window_right, deterministic, kernel));
-  return contiguous(grads.dq, grads.dk, grads.dv);
+// dq, dk, dv and dsinks: float32 (heads) with sinks, else an empty (0,) float32 tensor.
+using Gradients = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+Gradients with_dsinks(const AttentionGradients& grads, const at::Tensor& q) {
+  auto [dq, dk, dv] = contiguous(grads.dq, grads.dk, grads.dv);
+  return {dq, dk, dv, grads.dsinks.defined() ? grads.dsinks : q.new_empty({0}, q.options().dtype(at::kFloat))};
 }
 
-TensorTriple varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                        const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                        int64_t max_seqlen_q, int64_t max_seqlen_k,
-                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                        int64_t window_right, bool deterministic, c10::string_view kernel) {
+Gradients bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& out, const at::Tensor& lse, std::optional<double> softmax_scale, bool causal,
+              int64_t window_left, int64_t window_right, bool deterministic, c10::string_view kernel,
+              double softcap, const std::optional<at::Tensor>& alibi_slopes,
+              const std::optional<at::Tensor>& sinks) {
+  auto grads = attention_backward(dout, q, k, v, out, lse,
+                                  backward_options(softmax_scale, causal, window_left, window_right, deterministic,
+                                                   kernel, {softcap, alibi_slopes, sinks}));
+  return with_dsinks(grads, q);
+}
+
+Gradients varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
+                     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                     std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                     bool deterministic, c10::string_view kernel, double softcap,
+                     const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
   auto grads = attention_varlen_backward(
       dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"),
       to_int(max_seqlen_k, "max_seqlen_k"),
-      backward_options(softmax_scale, causal, window_left, window_right, deterministic, kernel));
-  return contiguous(grads.dq, grads.dk, grads.dv);
+      backward_options(softmax_scale, causal, window_left, window_right, deterministic, kernel,
+                       {softcap, alibi_slopes, sinks}));
+  return with_dsinks(grads, q);
 }
 
 TensorPair fwd_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -119,9 +140,10 @@ TensorPair fwd_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at:
                        const std::optional<at::Tensor>& cache_seqlens,
                        const std::optional<at::Tensor>& block_table,
                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                       int64_t window_right, int64_t num_splits, c10::string_view kernel) {
-  auto options =
-      attention_options<KvCacheOptions>(softmax_scale, causal, window_left, window_right, kernel);
+                       int64_t window_right, int64_t num_splits, c10::string_view kernel, double softcap,
+                       const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  auto options = attention_options<KvCacheOptions>(softmax_scale, causal, window_left, window_right, kernel,
+                                                   {softcap, alibi_slopes, sinks});
   options.k_new = k;
   options.v_new = v;
   options.cache_seqlens = cache_seqlens;
@@ -158,20 +180,23 @@ const c10::TypedOperatorHandle<Signature>& op_handle(const char* name) {
   return handle;
 }
 
+using OptionalTensor = const std::optional<at::Tensor>&;
 using FwdSignature = TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view);
+                                std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, double,
+                                OptionalTensor, OptionalTensor);
 using VarlenFwdSignature = TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       const at::Tensor&, const at::Tensor&, int64_t, int64_t,
                                       std::optional<double>, bool, int64_t, int64_t, bool,
-                                      c10::string_view);
-using BwdSignature = TensorTriple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view);
-using VarlenBwdSignature = TensorTriple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                        const at::Tensor&, const at::Tensor&, int64_t, int64_t,
-                                        std::optional<double>, bool, int64_t, int64_t, bool,
-                                        c10::string_view);
+                                      c10::string_view, double, OptionalTensor, OptionalTensor);
+using BwdSignature = Gradients(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, double,
+                               OptionalTensor, OptionalTensor);
+using VarlenBwdSignature = Gradients(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+                                     std::optional<double>, bool, int64_t, int64_t, bool,
+                                     c10::string_view, double, OptionalTensor, OptionalTensor);
 
 // A variable-length batch's lengths; cu_seqlens undefined: a fixed-length
 // batch. Not an input of the autograd graph (an argument of another type than
@@ -181,22 +206,29 @@ struct Lengths {
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 };
 
-// The autograd node of both forwards, fixed-length and variable-length.
+// The autograd node of both forwards, fixed-length and variable-length. sinks
+// (optional: an absent one is no input of the graph) has a gradient; the ALiBi
+// slopes (in `alibi`, like the lengths) have none, as in flash-attn.
 struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const Lengths& lengths,
+                               const at::Tensor& v, const std::optional<at::Tensor>& sinks, const Lengths& lengths,
                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                               int64_t window_right, bool deterministic, c10::string_view kernel) {
+                               int64_t window_right, bool deterministic, c10::string_view kernel, double softcap,
+                               const Modifications& alibi) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto& [cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k] = lengths;
     const bool varlen = cu_seqlens_q.defined();
     auto [out, lse] =
         varlen ? op_handle<VarlenFwdSignature>("flashlab::varlen_fwd")
                      .call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                           causal, window_left, window_right, deterministic, kernel)
+                           causal, window_left, window_right, deterministic, kernel, softcap, alibi.alibi_slopes,
+                           sinks)
                : op_handle<FwdSignature>("flashlab::fwd")
-                     .call(q, k, v, softmax_scale, causal, window_left, window_right, deterministic, kernel);
-    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k});
+                     .call(q, k, v, softmax_scale, causal, window_left, window_right, deterministic, kernel,
+                           softcap, alibi.alibi_slopes, sinks);
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi.alibi_slopes.value_or(at::Tensor()),
+                            sinks.value_or(at::Tensor())});
+    ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
     ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
     ctx->saved_data["softmax_scale"] = softmax_scale;
@@ -216,24 +248,29 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
     const int64_t window_left = data["window_left"].toInt(), window_right = data["window_right"].toInt();
     const std::string kernel = data["kernel"].toStringRef();
     const at::Tensor dout = grads[0].contiguous();
-    auto [dq, dk, dv] =
+    const double softcap = data["softcap"].toDouble();
+    const auto optional = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+    const std::optional<at::Tensor> alibi_slopes = optional(saved[7]), sinks = optional(saved[8]);
+    auto [dq, dk, dv, dsinks] =
         saved[5].defined()
             ? op_handle<VarlenBwdSignature>("flashlab::varlen_bwd")
                   .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
                         data["max_seqlen_q"].toInt(), data["max_seqlen_k"].toInt(), softmax_scale, causal,
-                        window_left, window_right, deterministic, kernel)
+                        window_left, window_right, deterministic, kernel, softcap, alibi_slopes, sinks)
             : op_handle<BwdSignature>("flashlab::bwd")
                   .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], softmax_scale, causal,
-                        window_left, window_right, deterministic, kernel);
-    return {dq, dk, dv, {}, {}, {}, {}, {}, {}, {}};
+                        window_left, window_right, deterministic, kernel, softcap, alibi_slopes, sinks);
+    return {dq, dk, dv, sinks ? dsinks : at::Tensor(), {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
 TensorPair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                        int64_t window_right, bool deterministic, c10::string_view kernel) {
-  const variable_list result = AttentionFunction::apply(q, k, v, Lengths{}, softmax_scale, causal, window_left,
-                                                        window_right, deterministic, kernel);
+                        int64_t window_right, bool deterministic, c10::string_view kernel, double softcap,
+                        const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+  const variable_list result =
+      AttentionFunction::apply(q, k, v, sinks, Lengths{}, softmax_scale, causal, window_left, window_right,
+                               deterministic, kernel, softcap, Modifications{0.0, alibi_slopes, std::nullopt});
   return {result[0], result[1]};
 }
 
@@ -242,10 +279,12 @@ TensorPair varlen_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const a
                                int64_t max_seqlen_q, int64_t max_seqlen_k,
                                std::optional<double> softmax_scale, bool causal,
                                int64_t window_left, int64_t window_right, bool deterministic,
-                               c10::string_view kernel) {
+                               c10::string_view kernel, double softcap,
+                               const std::optional<at::Tensor>& alibi_slopes,
+                               const std::optional<at::Tensor>& sinks) {
   const variable_list result = AttentionFunction::apply(
-      q, k, v, Lengths{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k}, softmax_scale, causal,
-      window_left, window_right, deterministic, kernel);
+      q, k, v, sinks, Lengths{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k}, softmax_scale, causal,
+      window_left, window_right, deterministic, kernel, softcap, Modifications{0.0, alibi_slopes, std::nullopt});
   return {result[0], result[1]};
 }
 
@@ -325,32 +364,34 @@ TORCH_LIBRARY(flashlab, m) {
   const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
+      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
       "-> (Tensor out, Tensor lse)",
       tags);
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\") "
+      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
       "-> (Tensor out, Tensor lse)",
       tags);
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-      "bool deterministic=False, str kernel_name=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      "bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       tags);
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
       "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-      "bool deterministic=False, str kernel_name=\"auto\") -> (Tensor dq, Tensor dk, Tensor dv)",
+      "bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)",
       tags);
   // k_cache and v_cache are written in place when k and v are given.
   m.def(
       "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k=None, "
       "Tensor? v=None, Tensor? cache_seqlens=None, Tensor? block_table=None, "
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
-      "int num_splits=0, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
+      "int num_splits=0, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
       tags);
   m.def("kernels() -> str[]", &flashlab::python::kernels);
   // No tensors: catch-all kernels, callable without a device.

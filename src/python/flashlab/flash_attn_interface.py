@@ -7,10 +7,19 @@ forward kernel's own when it has one). Tensors are (batch, seqlen, heads,
 head_dim), variable-length ones (total, heads, head_dim); GQA/MQA by passing k,
 v with fewer heads.
 
+Score modifications, flash-attn's definitions, in every call: softcap > 0
+caps the scaled scores at softcap * tanh(s / softcap); alibi_slopes, float32
+(heads) or (batch, heads), subtracts slope * |i + seqlen_k - seqlen_q - j|
+(no gradient, as in flash-attn); and, keyword-only, sinks: a float32 (heads)
+tensor of attention-sink logits (gpt-oss's; flash-attn's newest kernels call
+it learnable_sink), one per head joining every row's softmax denominator (the
+LSE counts it; a row that sees no key gives 0), differentiable: its gradient
+is -sum over rows of exp(sink - lse) * rowsum(dout * out).
+
 What flashlab does not have raises instead of being ignored: dropout
-(dropout_p > 0), ALiBi (alibi_slopes), soft-capping (softcap != 0), paged K/V
-in the variable-length call (block_table), and in flash_attn_with_kvcache
-rotary embedding (rotary_cos/rotary_sin), cache_batch_idx and cache_leftpad.
+(dropout_p > 0), paged K/V in the variable-length call (block_table), and in
+flash_attn_with_kvcache rotary embedding (rotary_cos/rotary_sin),
+cache_batch_idx and cache_leftpad.
 With return_attn_probs=True the calls return (out, softmax_lse, S_dmask), S_dmask
 an empty tensor as flash-attn's is without dropout (flashlab has no dropout and
 never forms the probabilities). window_size items may be ints or integer tensors
@@ -46,17 +55,16 @@ def _contiguous_last_dim(x):
 
 
 def _check_common(function, dropout_p=0.0, softcap=0.0, alibi_slopes=None, kernel="auto",
-                  softmax_scale=None):
+                  softmax_scale=None, sinks=None):
     if dropout_p != 0.0:
         raise NotImplementedError(
             f"{function}: flashlab has no dropout; dropout_p must be 0.0, got {dropout_p!r}")
-    if softcap != 0.0:
-        raise NotImplementedError(
-            f"{function}: flashlab has no soft-capping; softcap must be 0.0, got {softcap!r}")
-    if alibi_slopes is not None:
-        raise NotImplementedError(
-            f"{function}: flashlab has no ALiBi; alibi_slopes must be None, got a "
-            f"{type(alibi_slopes).__name__}")
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real) or softcap < 0:
+        raise ValueError(f"{function}: softcap must be a float >= 0 (0: off); got {softcap!r}")
+    for name, value in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{function}: {name} must be a float32 tensor or None; got a "
+                            f"{type(value).__name__}")
     if not isinstance(kernel, str):
         raise TypeError(f"{function}: kernel must be a str, got {type(kernel).__name__}")
     if kernel != "auto" and kernel not in _ops._kernels:
@@ -134,17 +142,18 @@ def flash_attn_func(
     return_attn_probs=False,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """Attention of q (batch, seqlen_q, heads, head_dim) over k, v (batch, seqlen_k,
     kv_heads, head_dim); causal and window_size (left, right) align bottom-right.
     Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse (batch, heads,
     seqlen_q) float32, None) with return_attn_probs. Differentiable in q, k, v;
     deterministic=True makes the backward bitwise reproducible."""
-    _check_common("flash_attn_func", dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    _check_common("flash_attn_func", dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     left, right = _window("flash_attn_func", window_size)
     q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
     out, lse = ops.fwd(q, k, v, _scale(softmax_scale), bool(causal), left, right,
-                       bool(deterministic), kernel)
+                       bool(deterministic), kernel, float(softcap), alibi_slopes, sinks)
     return _result(out, lse, return_attn_probs)
 
 
@@ -160,17 +169,18 @@ def flash_attn_qkvpacked_func(
     return_attn_probs=False,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """flash_attn_func on qkv (batch, seqlen, 3, heads, head_dim): q, k, v are views of it."""
     _check_common("flash_attn_qkvpacked_func", dropout_p, softcap, alibi_slopes, kernel,
-                  softmax_scale)
+                  softmax_scale, sinks)
     left, right = _window("flash_attn_qkvpacked_func", window_size)
     if qkv.dim() != 5 or qkv.shape[2] != 3:
         raise ValueError("flash_attn_qkvpacked_func: qkv must be (batch, seqlen, 3, heads, "
                          f"head_dim); got shape {tuple(qkv.shape)}")
     q, k, v = (_contiguous_last_dim(x) for x in qkv.unbind(2))
     out, lse = ops.fwd(q, k, v, _scale(softmax_scale), bool(causal), left, right,
-                       bool(deterministic), kernel)
+                       bool(deterministic), kernel, float(softcap), alibi_slopes, sinks)
     return _result(out, lse, return_attn_probs)
 
 
@@ -187,17 +197,18 @@ def flash_attn_kvpacked_func(
     return_attn_probs=False,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """flash_attn_func on q and kv (batch, seqlen_k, 2, kv_heads, head_dim)."""
     _check_common("flash_attn_kvpacked_func", dropout_p, softcap, alibi_slopes, kernel,
-                  softmax_scale)
+                  softmax_scale, sinks)
     left, right = _window("flash_attn_kvpacked_func", window_size)
     if kv.dim() != 5 or kv.shape[2] != 2:
         raise ValueError("flash_attn_kvpacked_func: kv must be (batch, seqlen_k, 2, kv_heads, "
                          f"head_dim); got shape {tuple(kv.shape)}")
     k, v = (_contiguous_last_dim(x) for x in kv.unbind(2))
     out, lse = ops.fwd(_contiguous_last_dim(q), k, v, _scale(softmax_scale), bool(causal), left,
-                       right, bool(deterministic), kernel)
+                       right, bool(deterministic), kernel, float(softcap), alibi_slopes, sinks)
     return _result(out, lse, return_attn_probs)
 
 
@@ -207,14 +218,15 @@ def flash_attn_kvpacked_func(
 
 
 def _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel):
+            softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel,
+            softcap, alibi_slopes, sinks):
     left, right = _window(function, window_size)
     max_seqlen_q = _as_int(function, "max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _as_int(function, "max_seqlen_k", max_seqlen_k)
     q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
     out, lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               _scale(softmax_scale), bool(causal), left, right,
-                              bool(deterministic), kernel)
+                              bool(deterministic), kernel, float(softcap), alibi_slopes, sinks)
     return _result(out, lse, return_attn_probs)
 
 
@@ -237,18 +249,20 @@ def flash_attn_varlen_func(
     block_table=None,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """Attention of each packed sequence: q (total_q, heads, head_dim), k, v (total_k,
     kv_heads, head_dim). Returns out (total_q, heads, head_dim), or (out, softmax_lse
     (heads, total_q), None) with return_attn_probs."""
     function = "flash_attn_varlen_func"
-    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     if block_table is not None:
         raise NotImplementedError(
             f"{function}: flashlab's variable-length attention takes no paged K/V; block_table "
             "must be None (flash_attn_with_kvcache takes a paged cache)")
     return _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel)
+                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel,
+                   softcap, alibi_slopes, sinks)
 
 
 def flash_attn_varlen_qkvpacked_func(
@@ -265,16 +279,18 @@ def flash_attn_varlen_qkvpacked_func(
     return_attn_probs=False,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """flash_attn_varlen_func on qkv (total, 3, heads, head_dim)."""
     function = "flash_attn_varlen_qkvpacked_func"
-    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     if qkv.dim() != 4 or qkv.shape[1] != 3:
         raise ValueError(f"{function}: qkv must be (total, 3, heads, head_dim); got shape "
                          f"{tuple(qkv.shape)}")
     q, k, v = qkv.unbind(1)
     return _varlen(function, q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel)
+                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel,
+                   softcap, alibi_slopes, sinks)
 
 
 def flash_attn_varlen_kvpacked_func(
@@ -294,16 +310,18 @@ def flash_attn_varlen_kvpacked_func(
     return_attn_probs=False,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """flash_attn_varlen_func on q and kv (total_k, 2, kv_heads, head_dim)."""
     function = "flash_attn_varlen_kvpacked_func"
-    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale)
+    _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     if kv.dim() != 4 or kv.shape[1] != 2:
         raise ValueError(f"{function}: kv must be (total_k, 2, kv_heads, head_dim); got shape "
                          f"{tuple(kv.shape)}")
     k, v = kv.unbind(1)
     return _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel)
+                   softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel,
+                   softcap, alibi_slopes, sinks)
 
 
 # ---------------------------------------------------------------------------
@@ -332,6 +350,7 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
     *,
     kernel="auto",
+    sinks=None,
 ):
     """Attention of q (batch, seqlen_q, heads, head_dim) over a KV cache, contiguous
     (batch, capacity, kv_heads, head_dim) or, with block_table (batch, pages per
@@ -343,7 +362,7 @@ def flash_attn_with_kvcache(
     0 = the kernel's heuristic. Returns out, or (out, softmax_lse) with
     return_softmax_lse. No backward (as in flash-attn)."""
     function = "flash_attn_with_kvcache"
-    _check_common(function, 0.0, softcap, alibi_slopes, kernel, softmax_scale)
+    _check_common(function, 0.0, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     if rotary_cos is not None or rotary_sin is not None:
         raise NotImplementedError(
             f"{function}: flashlab applies no rotary embedding; rotary_cos and rotary_sin must be "
@@ -389,5 +408,5 @@ def flash_attn_with_kvcache(
     q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
     out, lse = ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
                                _scale(softmax_scale), bool(causal), left, right, num_splits,
-                               kernel)
+                               kernel, float(softcap), alibi_slopes, sinks)
     return (out, lse) if return_softmax_lse else out

@@ -27,7 +27,10 @@
 // One kernel instantiation takes every combination: kEnabled is the template
 // flag (false: every member is a no-op and the kernels' plain code is
 // unchanged), and within it the modifications are values (softcap 0, slope
-// 0, sink -inf: off), so a kernel builds twice, not eight times.
+// 0, sink -inf: off), so a kernel builds twice, not eight times. A forward
+// may add a sinks-only build (kPerElement false: no per-element code at
+// all; ModifierKind::sinks): with the per-element code present but off, a
+// sinks-only fa3 forward ran 3-9% slower than the plain one (H100, session 23).
 // kFastTanh: tanh.approx on the device (relative error about 2^-11, below the
 // 16-bit inputs' own; flash-attn does the same); fp32 kernels pass false.
 #pragma once
@@ -53,9 +56,10 @@ FLASHLAB_HOST_DEVICE inline float score_tanh(float x) {
   return tanhf(x);
 }
 
-template <bool kEnabled, bool kFastTanh = false>
+template <bool kEnabled, bool kFastTanh = false, bool kPerElement = true>
 struct ScoreModifier {
   static constexpr bool kAny = kEnabled;
+  static constexpr bool kScores = kEnabled && kPerElement;  // softcap / ALiBi code present
   float softcap_score = 0.f;     // softcap / softmax_scale (0: off): s' = softcap_score * tanh(s / softcap_score)
   float softcap_inverse = 0.f;   // 1 / softcap_score
   float alibi_score_slope = 0.f;  // slope / softmax_scale (0: off)
@@ -66,7 +70,7 @@ struct ScoreModifier {
   // factor = ds'/ds.
   FLASHLAB_HOST_DEVICE float modified(float s, int row, int key, float& factor) const {
     factor = 1.f;
-    if constexpr (kEnabled) {
+    if constexpr (kScores) {
       if (softcap_score != 0.f) {
         const float t = score_tanh<kFastTanh>(s * softcap_inverse);
         s = softcap_score * t;
@@ -84,7 +88,7 @@ struct ScoreModifier {
   // bias) / softcap_score. 0 for a masked s' = -inf (1 - inf would be -inf,
   // and P = 0 times it NaN).
   FLASHLAB_HOST_DEVICE float gradient_factor_of(float modified_s, int row, int key) const {
-    if constexpr (kEnabled) {
+    if constexpr (kScores) {
       if (softcap_score != 0.f) {
         const float t =
             (modified_s + alibi_score_slope * static_cast<float>(abs(row + diagonal - key))) * softcap_inverse;
@@ -104,8 +108,8 @@ struct ScoreModifier {
   // that is on runs as its own loop behind a uniform branch (a sinks-only
   // problem pays nothing per element), and ALiBi's |distance| is one float
   // per fragment row minus a constant per element (FADD and an FFMA with |.|).
-  FLASHLAB_HOST_DEVICE bool per_element() const { return kEnabled && (softcap_score != 0.f || alibi_score_slope != 0.f); }
-  FLASHLAB_HOST_DEVICE bool has_softcap() const { return kEnabled && softcap_score != 0.f; }
+  FLASHLAB_HOST_DEVICE bool per_element() const { return kScores && (softcap_score != 0.f || alibi_score_slope != 0.f); }
+  FLASHLAB_HOST_DEVICE bool has_softcap() const { return kScores && softcap_score != 0.f; }
 
   // Fragments as mask.h's apply_row / apply_column name them: row `row`'s
   // elements score(n, i) of key first_key + n * 8 + lane_key + i, replaced by s'.
@@ -125,7 +129,7 @@ struct ScoreModifier {
   // Element (n, i)'s distance is base + direction * (n * 8 + i).
   template <int kTiles, int kPerTile, class Score>
   FLASHLAB_HOST_DEVICE void apply(float base, float direction, Score&& score) const {
-    if constexpr (kEnabled) {
+    if constexpr (kScores) {
       if (softcap_score != 0.f) {
 #pragma unroll
         for (int n = 0; n < kTiles; ++n)
@@ -167,22 +171,37 @@ struct ScoreModifier {
 
 // The modifier of (batch, head) of a problem: params.modification's values,
 // read where the kernel runs (device pointers in a kernel, host ones in tests).
-template <bool kEnabled, bool kFastTanh = false>
-FLASHLAB_HOST_DEVICE inline ScoreModifier<kEnabled, kFastTanh> score_modifier(const AttentionParams& params, int batch,
-                                                                             int head, int seqlen_q, int seqlen_k) {
-  ScoreModifier<kEnabled, kFastTanh> modifier;
+template <bool kEnabled, bool kFastTanh = false, bool kPerElement = true>
+FLASHLAB_HOST_DEVICE inline ScoreModifier<kEnabled, kFastTanh, kPerElement> score_modifier(
+    const AttentionParams& params, int batch, int head, int seqlen_q, int seqlen_k) {
+  ScoreModifier<kEnabled, kFastTanh, kPerElement> modifier;
   if constexpr (kEnabled) {
     const ScoreModificationParams& m = params.modification;
-    if (m.softcap != 0.f) {
+    if (kPerElement && m.softcap != 0.f) {
       modifier.softcap_score = m.softcap / params.softmax_scale;
       modifier.softcap_inverse = params.softmax_scale / m.softcap;
     }
-    if (m.alibi_slopes != nullptr)
+    if (kPerElement && m.alibi_slopes != nullptr)
       modifier.alibi_score_slope = m.alibi_slopes[batch * m.alibi_batch_stride + head] / params.softmax_scale;
     modifier.diagonal = seqlen_k - seqlen_q;
     if (m.sinks != nullptr) modifier.sink_score = m.sinks[head] / params.softmax_scale;
   }
   return modifier;
+}
+
+// Which modification code a forward instantiation carries: none (the plain
+// kernel), sinks (per row only), all; modifier_kind picks it for a problem.
+enum class ModifierKind { none, sinks, all };
+FLASHLAB_HOST_DEVICE inline ModifierKind modifier_kind(const ScoreModificationParams& m) {
+  return m.per_element() ? ModifierKind::all : m.any() ? ModifierKind::sinks : ModifierKind::none;
+}
+template <ModifierKind kKind, bool kFastTanh>
+using KindModifier = ScoreModifier<kKind != ModifierKind::none, kFastTanh, kKind == ModifierKind::all>;
+template <ModifierKind kKind, bool kFastTanh>
+FLASHLAB_HOST_DEVICE inline KindModifier<kKind, kFastTanh> kind_modifier(const AttentionParams& params, int batch,
+                                                                         int head, int seqlen_q, int seqlen_k) {
+  return score_modifier<kKind != ModifierKind::none, kFastTanh, kKind == ModifierKind::all>(params, batch, head,
+                                                                                            seqlen_q, seqlen_k);
 }
 
 }  // namespace flashlab

@@ -27,7 +27,8 @@
 // each row's m and l after every key tile it visits (record_tile_state,
 // common/tile_trace.h); the untraced, timed build has no trace code.
 // Score modifications (softcap, ALiBi, sinks: common/score_modification.h)
-// are the kModified instantiation (default tilings, untraced): S elements
+// are kModifier instantiations (ModifierKind: sinks alone, or all; default
+// tilings, untraced): S elements
 // through the policy before the mask, each row's max from the sink.
 // kPlantedSkipRescaleTile >= 0 is the test-only planted bug
 // (src/kernels/dev/fa2_mma_sm80_planted_bug): on that key tile the rescale of
@@ -106,7 +107,8 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const Elemen
   }
 }
 
-template <class Tr, typename Element, bool Trace, int kPlantedSkipRescaleTile, bool kModified = false>
+template <class Tr, typename Element, bool Trace, int kPlantedSkipRescaleTile,
+          ModifierKind kModifier = ModifierKind::none>
 __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const AttentionParams p) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBQ = Tr::kBlockQ;
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
                                                   seqlen_k, window_left, window_right);
   const int tile_begin = tile_keys.first / kBK;
   const int tile_end = tile_keys.empty() ? tile_begin : tile_keys.last / kBK + 1;
-  const auto modifier = score_modifier<kModified, /*kFastTanh=*/true>(p, batch, head, seqlen_q, seqlen_k);
+  const auto modifier = kind_modifier<kModifier, /*kFastTanh=*/true>(p, batch, head, seqlen_q, seqlen_k);
 
   // Online-softmax state: two rows per thread per m16 slab (group, group + 8).
   float row_max[kMT][2];
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(Tr::kThreads) fa2_forward_kernel(const Attenti
       }
 
       const int k0 = tile * kBK;
-      if constexpr (kModified) {
+      if constexpr (decltype(modifier)::kScores) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
@@ -413,7 +415,11 @@ void launch_forward(const AttentionParams& params) {
     if (params.trace.enabled()) kernel = fa2_forward_kernel<Tr, Element, true, kPlantedSkipRescaleTile>;
     // Score modifications: the registered (default) tilings only; no tile trace (the mode refuses one).
     if constexpr (kPlantedSkipRescaleTile < 0)
-      if (params.modification.any()) kernel = fa2_forward_kernel<Tr, Element, false, -1, true>;
+      switch (modifier_kind(params.modification)) {
+        case ModifierKind::sinks: kernel = fa2_forward_kernel<Tr, Element, false, -1, ModifierKind::sinks>; break;
+        case ModifierKind::all: kernel = fa2_forward_kernel<Tr, Element, false, -1, ModifierKind::all>; break;
+        case ModifierKind::none: break;
+      }
   }
   constexpr int kSmem = Tr::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), kSmem);

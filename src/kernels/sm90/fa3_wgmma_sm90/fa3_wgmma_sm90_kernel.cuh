@@ -38,7 +38,8 @@
 // tracing (a separate traced instantiation) for fixed-length batches; the
 // trace's key tiles are visited from the last down. The output is written
 // from registers (4-byte stores per pair). Score modifications (softcap,
-// ALiBi, sinks; common/score_modification.h) are kModified instantiations,
+// ALiBi, sinks; common/score_modification.h) are kModifier instantiations
+// (ModifierKind: sinks alone, or all),
 // either schedule, untraced: S through the policy before the mask, each row's
 // max from its sink, the sink's term added in the epilogue.
 //
@@ -393,7 +394,7 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
 // A consumer warpgroup (64 rows of each query block): for each work tile, S =
 // Q K^T and P V over its key tiles from the highest down, the online softmax
 // between (pingpong with the other consumer), then O and LSE.
-template <class Tr, typename Element, bool Trace, bool Dynamic, bool kModified>
+template <class Tr, typename Element, bool Trace, bool Dynamic, ModifierKind kModifier>
 __device__ __forceinline__ void forward_consumer(const KernelArguments& args, const ForwardSharedStorage<Tr>& storage,
                                                  int warpgroup) {
   constexpr int kD = Tr::kHeadDim;
@@ -439,7 +440,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   float acc_s[kBN / 2];
   uint32_t p_frag[kBN / 16][4];
   float correction[2];
-  ScoreModifier<kModified, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
+  constexpr bool kModified = kModifier != ModifierKind::none;
+  KindModifier<kModifier, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
   const auto reset_rows = [&] {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) acc_o[i] = 0.f;
@@ -464,7 +466,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // no longer in flight).
   auto softmax = [&](int tile, bool needs_mask) {
     const int k0 = tile * kBN;
-    if constexpr (kModified) {
+    if constexpr (kModifier == ModifierKind::all) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         modifier.template apply_row<kBN / 8>(cur.q0 + warp_row0 + group + h * 8, k0, thread_in_group * 2,
@@ -554,7 +556,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     release(&k_empty[stage]);
     if (cur.tiles.first == cur.tiles.last) release(&q_empty[cur.q_buffer]);
     if constexpr (kModified) {
-      modifier = score_modifier<true, true>(p, cur.work.batch, cur.work.head, cur.view.seqlen_q, cur.view.seqlen_k);
+      modifier = kind_modifier<kModifier, true>(p, cur.work.batch, cur.work.head, cur.view.seqlen_q, cur.view.seqlen_k);
       row_max[0] = row_max[1] = modifier.initial_row_max();
     }
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
@@ -563,7 +565,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   const auto finalize = [&](const Tile& t) {
     if constexpr (kModified) {
       if (!t.has_keys()) {  // no first_softmax ran: the rows see only the sink, if any
-        modifier = score_modifier<true, true>(p, t.work.batch, t.work.head, t.view.seqlen_q, t.view.seqlen_k);
+        modifier = kind_modifier<kModifier, true>(p, t.work.batch, t.work.head, t.view.seqlen_q, t.view.seqlen_k);
         row_max[0] = row_max[1] = modifier.initial_row_max();
       }
     }
@@ -675,8 +677,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 // Dynamic: work tiles come from args.tile_counter, published by the producer;
 // otherwise the static order (the code both sides ran before the dynamic
 // schedule, instantiated apart so its code generation stays as it was).
-// kModified: score modifications (common/score_modification.h), untraced.
-template <class Tr, typename Element, bool Trace, bool Dynamic = false, bool kModified = false>
+// kModifier: score modifications (common/score_modification.h), untraced.
+template <class Tr, typename Element, bool Trace, bool Dynamic = false, ModifierKind kModifier = ModifierKind::none>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_forward_kernel(const __grid_constant__ KernelArguments args) {
   extern __shared__ unsigned char smem_raw[];
@@ -692,17 +694,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
-  forward_consumer<Tr, Element, Trace, Dynamic, kModified>(args, storage, warpgroup);
+  forward_consumer<Tr, Element, Trace, Dynamic, kModifier>(args, storage, warpgroup);
 }
 
 // ---------------------------------------------------------------------------
 // Host side.
 
 // The dynamic-schedule instantiation, only for tilings that use one.
-template <class Tr, typename Element, bool kModified = false>
+template <class Tr, typename Element, ModifierKind kModifier = ModifierKind::none>
 auto dynamic_kernel() {
-  if constexpr (Tr::kDynamicSchedule) return fa3_forward_kernel<Tr, Element, false, true, kModified>;
-  else return fa3_forward_kernel<Tr, Element, false, false, kModified>;
+  if constexpr (Tr::kDynamicSchedule) return fa3_forward_kernel<Tr, Element, false, true, kModifier>;
+  else return fa3_forward_kernel<Tr, Element, false, false, kModifier>;
 }
 
 template <class Tr, typename Element>
@@ -714,13 +716,17 @@ void launch_forward(const AttentionParams& params) {
                                  device.l2_bytes);
   const bool dynamic = Tr::kDynamicSchedule && plan.dynamic && !params.trace.enabled() &&
                        params.workspace != nullptr && params.workspace_bytes >= sizeof(int);
-  // Score modifications: their own instantiations, either schedule; no trace (the mode refuses one).
-  const bool modified = params.modification.any();
-  auto kernel = params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
-                : modified             ? (dynamic ? dynamic_kernel<Tr, Element, true>()
-                                                  : fa3_forward_kernel<Tr, Element, false, false, true>)
-                : dynamic              ? dynamic_kernel<Tr, Element>()
-                                       : fa3_forward_kernel<Tr, Element, false>;
+  // Score modifications: their own instantiations (sinks alone, or all), either
+  // schedule; no trace (the mode refuses one).
+  constexpr auto kSinks = ModifierKind::sinks, kAll = ModifierKind::all;
+  const ModifierKind kind = modifier_kind(params.modification);
+  auto kernel = params.trace.enabled()      ? fa3_forward_kernel<Tr, Element, true>
+                : kind == kAll              ? (dynamic ? dynamic_kernel<Tr, Element, kAll>()
+                                                       : fa3_forward_kernel<Tr, Element, false, false, kAll>)
+                : kind == kSinks            ? (dynamic ? dynamic_kernel<Tr, Element, kSinks>()
+                                                       : fa3_forward_kernel<Tr, Element, false, false, kSinks>)
+                : dynamic                   ? dynamic_kernel<Tr, Element>()
+                                            : fa3_forward_kernel<Tr, Element, false>;
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   KernelArguments args;
   args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM);

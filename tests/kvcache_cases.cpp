@@ -192,7 +192,9 @@ std::vector<KvCacheCase> kvcache_sanitizer_cases(int compute_capability, const K
     contiguous.batch = 3;
     contiguous.capacity = 256;
     contiguous.num_splits = 2;
-    add_if_supported(cases, kernel, "fp16_d128_q1_h8_2_contiguous_new1_splits2", contiguous, compute_capability);
+    contiguous.softcap = 1.5, contiguous.alibi = ProblemSpec::Alibi::per_batch, contiguous.sinks = true;
+    add_if_supported(cases, kernel, "fp16_d128_q1_h8_2_contiguous_new1_splits2_softcap_alibi_sinks", contiguous,
+                     compute_capability);
     // 8 sequences x 8 kv heads on a short cache: fa2_mma_sm80's deep tiling
     // (chosen from the shape; the heuristic would take one split), 2 splits.
     KvCacheSpec deep = spec_of({"", at::kBFloat16, 128, 1, 32, 8, false, 0, 1, false});
@@ -205,6 +207,41 @@ std::vector<KvCacheCase> kvcache_sanitizer_cases(int compute_capability, const K
   return cases;
 }
 
+std::vector<KvCacheCase> kvcache_modification_cases(int compute_capability, const Kernels& kernels) {
+  // Each modification (softcap, ALiBi per head and per sequence, sinks, all
+  // three) on a paged cache with an append across a page boundary and 3
+  // splits (the sink joins once, in the combine), and on a contiguous one in
+  // one split (the split kernel adds it); causal, GQA, an empty sequence.
+  struct Modification {
+    const char* label;
+    double softcap;
+    ProblemSpec::Alibi alibi;
+    bool sinks;
+  };
+  using Alibi = ProblemSpec::Alibi;
+  const Modification modifications[] = {{"softcap", 1.5, Alibi::none, false},
+                                        {"alibi", 0.0, Alibi::per_head, false},
+                                        {"alibi_batch", 0.0, Alibi::per_batch, false},
+                                        {"sinks", 0.0, Alibi::none, true},
+                                        {"softcap_alibi_sinks", 1.5, Alibi::per_head, true}};
+  std::vector<KvCacheCase> cases;
+  for (const auto& kernel : kernels)
+    for (const Modification& m : modifications)
+      for (const bool paged : {true, false}) {
+        KvCacheSpec spec = spec_of({"", paged ? at::kBFloat16 : at::kHalf, 128, 2, 8, 2, true, paged ? 16 : 0, 3, false});
+        spec.cache_seqlens = {0, 14, 300};
+        spec.batch = 3;
+        spec.capacity = 512;
+        spec.num_splits = paged ? 3 : 1;
+        spec.softcap = m.softcap, spec.alibi = m.alibi, spec.sinks = m.sinks;
+        add_if_supported(cases, kernel,
+                         std::string(m.label) + (paged ? "_bf16_paged16_splits3" : "_fp16_contiguous_splits1") +
+                             "_d128_q2_h8_2_causal_new3",
+                         spec, compute_capability);
+      }
+  return cases;
+}
+
 const std::vector<KvCacheCaseMatrix>& kvcache_case_matrices() {
   static const std::vector<KvCacheCaseMatrix> matrices = {
       {"KvCacheReference", kvcache_reference_cases},
@@ -212,6 +249,7 @@ const std::vector<KvCacheCaseMatrix>& kvcache_case_matrices() {
       {"KvCacheSplits", kvcache_split_cases},
       {"KvCacheAppend", kvcache_append_cases},
       {"KvCacheSanitizer", kvcache_sanitizer_cases},
+      {"KvCacheScoreModifications", kvcache_modification_cases},
   };
   return matrices;
 }
@@ -243,6 +281,10 @@ std::string kvcache_run_arguments(const KvCacheSpec& spec) {
   if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
   if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
   if (spec.cpu_reference) text << " --cpu-reference";
+  if (spec.softcap != 0.0) text << " --softcap " << spec.softcap;
+  if (spec.alibi != ProblemSpec::Alibi::none)
+    text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
+  if (spec.sinks) text << " --sinks";
   return text.str();
 }
 

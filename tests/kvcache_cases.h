@@ -41,6 +41,10 @@ std::vector<KvCacheCase> kvcache_split_cases(int compute_capability = 0,
 std::vector<KvCacheCase> kvcache_append_cases(int compute_capability = 0,
                                               const Kernels& kernels = registered_kernels());
 
+// score modifications on the KV-cache path: each one, paged with 3 splits and
+// contiguous in one
+std::vector<KvCacheCase> kvcache_modification_cases(int compute_capability = 0,
+                                                    const Kernels& kernels = registered_kernels());
 // compute-sanitizer over the KV-cache path (flashlab-run --kvcache): small
 // problems, head_dim 128, ragged lengths with an empty cache, appends (one
 // across a page boundary, one filling the cache) and num_splits > 1, so the

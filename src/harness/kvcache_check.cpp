@@ -119,12 +119,25 @@ std::string KvCacheSpec::describe() const {
     text << ", cache_seqlens [" << join(cache_seqlens) << "]";
   if (seqlen_new > 0) text << ", append " << seqlen_new;
   if (num_splits > 0) text << ", num_splits " << num_splits;
+  if (softcap != 0.0) text << ", softcap " << softcap;
+  if (alibi != ProblemSpec::Alibi::none)
+    text << (alibi == ProblemSpec::Alibi::per_head ? ", alibi per head" : ", alibi per sequence and head");
+  if (sinks) text << ", sinks";
   text << ", seed " << seed;
   return text.str();
 }
 
-// The same options as the problem's own (ProblemSpec::attention_options).
-AttentionOptions KvCacheSpec::attention_options() const { return problem_spec().attention_options(); }
+// The same options as the problem's own (ProblemSpec::attention_options),
+// with softcap; the slopes and sinks are tensors (KvCacheTensors::options).
+AttentionOptions KvCacheSpec::attention_options() const {
+  ProblemSpec plain = problem_spec();
+  plain.softcap = 0.0;
+  plain.alibi = ProblemSpec::Alibi::none;
+  plain.sinks = false;
+  AttentionOptions options = plain.attention_options();
+  options.softcap = softcap;
+  return options;
+}
 
 ProblemSpec KvCacheSpec::problem_spec() const {
   ProblemSpec spec;
@@ -137,6 +150,7 @@ ProblemSpec KvCacheSpec::problem_spec() const {
   spec.window_left = window_left, spec.window_right = window_right;
   spec.seed = seed;
   spec.float64_reference = float64_reference;
+  spec.softcap = softcap, spec.alibi = alibi, spec.sinks = sinks;
   return spec;
 }
 
@@ -167,6 +181,12 @@ KvCacheTensors make_kvcache_inputs(const KvCacheSpec& spec, at::Device device, b
   const at::Tensor pool = random ? mt19937_normal({total}, spec.seed, device).to(spec.dtype)
                                  : at::empty({total}, options);
   KvCacheTensors inputs;
+  {  // the slopes and sinks, as the forward's problem draws them
+    ProblemInputs modifications;
+    draw_score_modifications(spec.problem_spec(), device, modifications, random);
+    inputs.alibi_slopes = modifications.alibi_slopes;
+    inputs.sinks = modifications.sinks;
+  }
   int64_t offset = 0;
   const auto take = [&](std::vector<int64_t> shape, int64_t count) {
     const at::Tensor part = pool.narrow(0, offset, count).view(shape);
@@ -284,8 +304,9 @@ namespace {
 // Every defined tensor of `tensors` on `device` (undefined ones stay undefined).
 KvCacheTensors tensors_on(const KvCacheTensors& tensors, at::Device device) {
   const auto to = [&](const at::Tensor& tensor) { return tensor.defined() ? tensor.to(device) : tensor; };
-  return {to(tensors.q),     to(tensors.k_cache), to(tensors.v_cache), to(tensors.cache_seqlens),
-          to(tensors.block_table), to(tensors.k_new), to(tensors.v_new)};
+  return {to(tensors.q),         to(tensors.k_cache), to(tensors.v_cache), to(tensors.cache_seqlens),
+          to(tensors.block_table), to(tensors.k_new),   to(tensors.v_new),   to(tensors.alibi_slopes),
+          to(tensors.sinks)};
 }
 ReferenceOutput output_on(const ReferenceOutput& output, at::Device device) {
   return {output.out.to(device), output.lse.to(device)};
@@ -301,6 +322,9 @@ KvCacheExpected reference_kvcache(const KvCacheSpec& spec, const KvCacheTensors&
   options.window_right = params.window_right;
   const at::Device device = before.q.device();
   const KvCacheTensors source = spec.cpu_reference ? tensors_on(before, at::kCPU) : before;
+  options.modification.softcap = spec.softcap;
+  options.modification.alibi_slopes = source.alibi_slopes;
+  options.modification.sinks = source.sinks;
   KvCacheExpected expected;
   options.compute_dtype = (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
   expected.reference = reference_attention_kvcache(source, options);

@@ -63,6 +63,8 @@ KvCacheOptions KvCacheTensors::options(const AttentionOptions& base, int num_spl
   if (block_table.defined()) options.block_table = block_table;
   if (k_new.defined()) options.k_new = k_new;
   if (v_new.defined()) options.v_new = v_new;
+  if (alibi_slopes.defined()) options.alibi_slopes = alibi_slopes;
+  if (sinks.defined()) options.sinks = sinks;
   options.num_splits = num_splits;
   return options;
 }

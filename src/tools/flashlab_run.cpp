@@ -68,6 +68,7 @@ flashlab::KvCacheSpec kvcache_spec(const flashlab::ProblemSpec& spec, bool seqle
   kv.window_left = spec.window_left, kv.window_right = spec.window_right;
   kv.seed = spec.seed;
   kv.float64_reference = spec.float64_reference;
+  kv.softcap = spec.softcap, kv.alibi = spec.alibi, kv.sinks = spec.sinks;
   kv.cpu_reference = cpu_reference;
   kv.page_size = page_size, kv.num_splits = num_splits, kv.seqlen_new = append;
   const std::string text = lengths_text.value_or("random");
@@ -321,9 +322,10 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     throw ArgumentError("--deterministic goes with --backward");
   if (spec.softcap < 0.0)
     throw ArgumentError("--softcap must be >= 0 (0 = off); got " + std::to_string(spec.softcap));
-  if (spec.modified() && (arguments.kvcache || arguments.trace_tiles || arguments.memory))
-    throw ArgumentError("--softcap, --alibi and --sinks go with the forward and --backward checks and "
-                        "--locate (not --kvcache, --trace-tiles or --memory yet)");
+  if (spec.modified() && (arguments.trace_tiles || arguments.memory))
+    throw ArgumentError("--softcap, --alibi and --sinks go with the forward, --backward and --kvcache checks "
+                        "and --locate (not --trace-tiles: traces are recorded without modifications; not "
+                        "--memory)");
   if (!arguments.show_element.empty() && !arguments.backward)
     throw ArgumentError("--show-element goes with --backward");
   if (!arguments.locate.empty()) {

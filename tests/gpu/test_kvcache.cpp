@@ -248,6 +248,8 @@ TEST_P(KvCacheTimeline, WritesNoSlotPastItsCapacity) {
 const auto case_name = [](const auto& info) { return info.param.name; };
 
 INSTANTIATE_TEST_SUITE_P(KvCacheReference, KvCache, ::testing::ValuesIn(kvcache_reference_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(KvCacheScoreModifications, KvCache, ::testing::ValuesIn(kvcache_modification_cases()),
+                         case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheLayouts, KvCachePagedAndContiguous, ::testing::ValuesIn(kvcache_layout_cases()),
                          case_name);
 INSTANTIATE_TEST_SUITE_P(KvCacheSplits, KvCacheSplits, ::testing::ValuesIn(kvcache_split_cases()), case_name);

@@ -40,6 +40,7 @@ struct KvCacheTensors {
   at::Tensor cache_seqlens;     // int32 (batch): rows cached before the append; undefined: every cache full
   at::Tensor block_table;       // int32 (batch, pages per sequence); undefined: a contiguous cache
   at::Tensor k_new, v_new;      // (batch, seqlen_new, kv_heads, head_dim); undefined: no append
+  at::Tensor alibi_slopes, sinks;  // score modifications (KvCacheSpec's), float32; undefined when off
 
   bool paged() const { return block_table.defined(); }
   int64_t batch() const { return q.size(0); }
@@ -49,7 +50,8 @@ struct KvCacheTensors {
   // without cache_seqlens), and the keys each sequence attends to after it.
   std::vector<int64_t> cached_lengths() const;
   std::vector<int64_t> key_lengths() const;
-  // attention_with_kvcache's options for these tensors on top of `base`.
+  // attention_with_kvcache's options for these tensors on top of `base`
+  // (the ALiBi slopes and sinks too, when defined).
   KvCacheOptions options(const AttentionOptions& base, int num_splits = 0) const;
 };
 
@@ -100,6 +102,11 @@ struct KvCacheSpec {
   int page_size = 0;   // > 0: a paged cache of pages of page_size rows
   int seqlen_new = 0;  // rows appended from k_new/v_new
   int num_splits = 0;  // 0: the kernel's heuristic
+  // Score modifications, ProblemSpec's (softcap, ALiBi slopes per head or per
+  // sequence, sinks from their own stream), drawn with the inputs.
+  double softcap = 0.0;
+  ProblemSpec::Alibi alibi = ProblemSpec::Alibi::none;
+  bool sinks = false;
 
   bool paged() const { return page_size > 0; }
   int pages_per_sequence() const;  // paged: capacity in pages
@@ -107,9 +114,12 @@ struct KvCacheSpec {
   // What is wrong with the spec itself (lengths vs capacity, counts), or empty.
   std::string invalid_reason() const;
   std::string describe() const;
+  // The options without the modification tensors (softcap included: a value);
+  // KvCacheTensors::options adds the slopes and sinks.
   AttentionOptions attention_options() const;
-  // The forward spec of the same shapes (seqlen_k the capacity): for the
-  // tolerance rule, which needs the dtype and the reference precision.
+  // The forward spec of the same shapes (seqlen_k the capacity) and
+  // modifications: for the tolerance rule (dtype, reference precision) and
+  // the slopes' and sinks' draw.
   ProblemSpec problem_spec() const;
 };
 

@@ -147,8 +147,9 @@ def flash_attn_func(
     """Attention of q (batch, seqlen_q, heads, head_dim) over k, v (batch, seqlen_k,
     kv_heads, head_dim); causal and window_size (left, right) align bottom-right.
     Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse (batch, heads,
-    seqlen_q) float32, None) with return_attn_probs. Differentiable in q, k, v;
-    deterministic=True makes the backward bitwise reproducible."""
+    seqlen_q) float32, None) with return_attn_probs. Differentiable in q, k, v (and sinks);
+    deterministic=True makes the backward bitwise reproducible. softcap, alibi_slopes and
+    sinks: the score modifications of the module docstring."""
     _check_common("flash_attn_func", dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     left, right = _window("flash_attn_func", window_size)
     q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))

@@ -13,6 +13,7 @@
 //   acc_dq[n * 4 + slot] of thread (warp, lane) goes to accumulator group
 //   slab * 32 + n * 4 + warp, float (group * 32 + lane) * 4 + slot.
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "common/locate_layout.h"
@@ -44,6 +45,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   const SequenceView view = sequence_view(params, batch);
   const int group = params.heads / params.kv_heads, kv_head = head / group;
   const bool descending = params.deterministic && params.window_right >= 0;
+  char scale_buffer[32];  // softmax_scale as cuda-gdb reads it back: 9 significant digits
+  std::snprintf(scale_buffer, sizeof scale_buffer, "%.9g", params.softmax_scale);
+  const std::string scale_text = scale_buffer;
   location.grid[0] = (params.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   location.grid[1] = params.kv_heads;
   location.grid[2] = params.batch;
@@ -102,11 +106,14 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     CudaGdbStop keys_stop;
     keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
     keys_stop.line_offset = 2;  // past the #pragma: the column loop
-    // store_key_gradients' locals: the batch entry is the CTA's z.
-    keys_stop.condition = "key == " + std::to_string(row) + " && kv_head == " + std::to_string(kv_head) +
+    // store_key_gradients' local `key`; the kv head and the batch entry are the
+    // CTA's y and z (its kv_head argument reads <optimized out> in cuda-gdb, and
+    // p's members through the reference cannot be named: the scale is printed
+    // as a number).
+    keys_stop.condition = "key == " + std::to_string(row) + " && blockIdx.y == " + std::to_string(kv_head) +
                           " && blockIdx.z == " + std::to_string(batch) +
                           " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
-    keys_stop.prints = {location.dk.name + " * p.softmax_scale", location.dv.name};
+    keys_stop.prints = {location.dk.name + " * " + scale_text, location.dv.name};
     keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";
     location.stops.push_back(keys_stop);
   }
@@ -161,7 +168,7 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     dq_stop.condition = "n_block == " + std::to_string(location.adding_key_blocks.front()) + " && head == " +
                         std::to_string(head) + " && m0 == " + std::to_string(m0) + " && batch == " +
                         std::to_string(batch) + " && threadIdx.x == " + std::to_string(location.dq.thread[0]);
-    dq_stop.prints = {location.dq.name + " * p.softmax_scale"};
+    dq_stop.prints = {location.dq.name + " * " + scale_text};
     dq_stop.what = "key block " + std::to_string(location.adding_key_blocks.front()) +
                    "'s part of the dQ element (the key blocks' parts sum to it)";
     location.stops.push_back(dq_stop);

@@ -1,0 +1,307 @@
+"""Context parallelism (issue 34), first part: ring attention over torch.distributed.
+
+Each rank holds its shard of the sequence, q, k, v of shape (batch, seqlen / world,
+heads or kv_heads, head_dim). ring_flash_attn_func passes the K/V shards around the
+ring (batch_isend_irecv: NCCL on GPUs, gloo on CPUs), one step per rank: at each step
+the rank attends its queries to the K/V it holds with a block operation that returns
+(out, lse), and merges the partial result by its LSE (merge_partial: the split-KV
+combine's rule). The next K/V travel while the current block computes. GQA sends only
+the kv heads. The backward runs the same ring: each rank adds its dQ locally while
+dK/dV accumulators travel with the K/V they belong to, and go home in one last step.
+
+Causal attention uses the zigzag layout (zigzag_shard / zigzag_unshard): the sequence
+is cut into 2 x world chunks and rank r holds chunks r and 2 x world - 1 - r, so every
+rank does the same causal work; on each step a rank attends all its queries to the
+first half of an earlier rank's K/V, or the second half of its queries to all of a later
+rank's K/V (the rest is masked and skipped), and its own shard causally.
+
+The block operation is pluggable (BlockOps): flashlab_block_ops runs flashlab's
+kernels (torch.ops.flashlab.fwd / bwd: the backward of a block given the final out and
+lse is exactly a block's share of the gradients); reference_block_ops is plain torch
+math (the CPU tests run the ring with it on gloo). Not built yet (issue 34): the
+variable-length twin, Ulysses (all-to-all), a side stream of its own for the
+transfers, the benchmark. Nothing here has run on more than one GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+
+# ---------------------------------------------------------------------------
+# The zigzag layout.
+
+
+def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
+    """Rank `rank`'s shard of the full sequence x along `dim`: chunks rank and
+    2 * world_size - 1 - rank of 2 * world_size equal chunks, concatenated."""
+    if x.shape[dim] % (2 * world_size) != 0:
+        raise ValueError(f"zigzag_shard: the sequence length {x.shape[dim]} must be a multiple of "
+                         f"2 x world_size = {2 * world_size}")
+    chunks = x.chunk(2 * world_size, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world_size - 1 - rank]], dim=dim)
+
+
+def zigzag_unshard(shards, dim: int = 1) -> torch.Tensor:
+    """The full sequence from every rank's zigzag shard (shards[r] is rank r's)."""
+    world_size = len(shards)
+    chunks = [None] * (2 * world_size)
+    for rank, shard in enumerate(shards):
+        first, second = shard.chunk(2, dim=dim)
+        chunks[rank], chunks[2 * world_size - 1 - rank] = first, second
+    return torch.cat(chunks, dim=dim)
+
+
+# ---------------------------------------------------------------------------
+# Merging partial results by their LSE.
+
+
+def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
+                  block_lse: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The attention over the union of two key sets from each one's (out, lse):
+    lse = log(exp(lse) + exp(block_lse)), out weighted by exp(lse_part - lse). out
+    (batch, seqlen, heads, head_dim), lse (batch, heads, seqlen) float32. A row that
+    sees no key in either keeps out 0 and lse -inf."""
+    merged = torch.logaddexp(lse, block_lse)
+    finite = torch.isfinite(merged)
+    safe = torch.where(finite, merged, torch.zeros_like(merged))
+    weight = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(merged))
+    block_weight = torch.where(finite, torch.exp(block_lse - safe), torch.zeros_like(merged))
+    # (batch, heads, seqlen) -> (batch, seqlen, heads, 1)
+    as_rows = lambda w: w.transpose(1, 2).unsqueeze(-1)  # noqa: E731
+    merged_out = out * as_rows(weight).to(out.dtype) + block_out.to(out.dtype) * as_rows(block_weight).to(out.dtype)
+    return merged_out, merged
+
+
+# ---------------------------------------------------------------------------
+# Block operations.
+
+
+@dataclass(frozen=True)
+class BlockOps:
+    """forward(q, k, v, causal, softmax_scale) -> (out, lse float32 (batch, heads, seqlen_q));
+    backward(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv): one block's
+    share of the gradients given the final out and lse."""
+    forward: Callable
+    backward: Callable
+
+
+def _flashlab_forward(q, k, v, causal, softmax_scale):
+    out, lse = torch.ops.flashlab.fwd(q, k, v, softmax_scale, causal, -1, -1, False, "auto")
+    return out, lse
+
+
+def _flashlab_backward(dout, q, k, v, out, lse, causal, softmax_scale):
+    dq, dk, dv, _ = torch.ops.flashlab.bwd(dout, q, k, v, out, lse, softmax_scale, causal, -1, -1, False, "auto")
+    return dq, dk, dv
+
+
+flashlab_block_ops = BlockOps(_flashlab_forward, _flashlab_backward)
+
+
+def _expand_kv(x, heads):
+    return x if x.shape[2] == heads else x.repeat_interleave(heads // x.shape[2], dim=2)
+
+
+def _reference_probabilities(q, k, causal, softmax_scale, lse=None):
+    """scores (batch, heads, sq, sk) scaled and masked (bottom-right), and P = exp(s - lse)."""
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, _expand_kv(k, q.shape[2])) * softmax_scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        rows = torch.arange(sq, device=q.device)[:, None]
+        cols = torch.arange(sk, device=q.device)[None, :]
+        scores = scores.masked_fill(cols > rows + sk - sq, float("-inf"))
+    if lse is None:
+        return scores
+    return scores, torch.exp(scores - lse.to(scores.dtype)[..., None])
+
+
+def _reference_forward(q, k, v, causal, softmax_scale):
+    scores = _reference_probabilities(q, k, causal, softmax_scale)
+    lse = torch.logsumexp(scores, dim=-1)
+    probabilities = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]),
+                                torch.zeros_like(scores))
+    out = torch.einsum("bhqk,bkhd->bqhd", probabilities, _expand_kv(v, q.shape[2]))
+    return out.to(q.dtype), lse.to(_accumulator_dtype(q))
+
+
+def _reference_backward(dout, q, k, v, out, lse, causal, softmax_scale):
+    heads, kv_heads = q.shape[2], k.shape[2]
+    _, probabilities = _reference_probabilities(q, k, causal, softmax_scale, lse)
+    probabilities = torch.nan_to_num(probabilities, nan=0.0)
+    ve = _expand_kv(v, heads)
+    row_d = (dout * out).sum(-1).transpose(1, 2)[..., None]  # (batch, heads, sq, 1)
+    dv = torch.einsum("bhqk,bqhd->bkhd", probabilities, dout)
+    dp = torch.einsum("bqhd,bkhd->bhqk", dout, ve)
+    ds = probabilities * (dp - row_d) * softmax_scale
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, _expand_kv(k, heads))
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, q)
+    if heads != kv_heads:  # sum each kv head's group
+        group = heads // kv_heads
+        dk = dk.unflatten(2, (kv_heads, group)).sum(3)
+        dv = dv.unflatten(2, (kv_heads, group)).sum(3)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+reference_block_ops = BlockOps(_reference_forward, _reference_backward)
+
+
+# ---------------------------------------------------------------------------
+# The ring.
+
+
+class _Ring:
+    """Point-to-point transfers to the next rank and from the previous one in `group`."""
+
+    def __init__(self, group):
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world_size) if group is not None \
+            else (self.rank + 1) % self.world_size
+        self.previous = dist.get_global_rank(group, (self.rank - 1) % self.world_size) if group is not None \
+            else (self.rank - 1) % self.world_size
+
+    def start(self, tensors):
+        """Sends `tensors` on and receives the previous rank's into new buffers; returns
+        (requests, received)."""
+        received = [torch.empty_like(t) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, r, self.previous, self.group) for r in received]
+        return dist.batch_isend_irecv(ops), received
+
+    @staticmethod
+    def wait(requests):
+        for request in requests:
+            request.wait()
+
+
+def _step_shape(causal, rank, source):
+    """Which part of a step computes under the zigzag layout: ("all" | "queries_second" |
+    "keys_first", causal)."""
+    if not causal:
+        return "all", False
+    if source == rank:
+        return "all", True
+    return ("keys_first", False) if source < rank else ("queries_second", False)
+
+
+def _accumulator_dtype(x):
+    """float32 for 16-bit and float32 inputs, float64 for float64 (the CPU tests)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps):
+    batch, seqlen, heads, head_dim = q.shape
+    half = seqlen // 2
+    acc = _accumulator_dtype(q)
+    out = torch.zeros_like(q, dtype=acc)
+    lse = torch.full((batch, heads, seqlen), float("-inf"), dtype=acc, device=q.device)
+    kv = (k, v)
+    for step in range(ring.world_size):
+        requests, received = ring.start(kv) if step + 1 < ring.world_size else ([], None)
+        source = (ring.rank - step) % ring.world_size
+        part, block_causal = _step_shape(causal, ring.rank, source)
+        k_cur, v_cur = kv
+        if part == "all":
+            block_out, block_lse = ops.forward(q, k_cur, v_cur, block_causal, softmax_scale)
+            out, lse = merge_partial(out, lse, block_out.to(acc), block_lse.to(acc))
+        elif part == "keys_first":
+            block_out, block_lse = ops.forward(q, k_cur[:, :half], v_cur[:, :half], False, softmax_scale)
+            out, lse = merge_partial(out, lse, block_out.to(acc), block_lse.to(acc))
+        else:
+            block_out, block_lse = ops.forward(q[:, half:], k_cur, v_cur, False, softmax_scale)
+            merged_out, merged_lse = merge_partial(out[:, half:], lse[..., half:], block_out.to(acc),
+                                                   block_lse.to(acc))
+            out = torch.cat([out[:, :half], merged_out], dim=1)
+            lse = torch.cat([lse[..., :half], merged_lse], dim=-1)
+        ring.wait(requests)
+        if received is not None:
+            kv = tuple(received)
+    return out.to(q.dtype), lse.to(torch.float32) if acc == torch.float32 else lse
+
+
+def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, ops: BlockOps):
+    seqlen = q.shape[1]
+    half = seqlen // 2
+    acc = _accumulator_dtype(q)
+    dq = torch.zeros_like(q, dtype=acc)
+    # K, V and their gradient accumulators travel together; block `source`'s
+    # accumulators gather every rank's share on the way.
+    k_cur, v_cur = k, v
+    dk_acc = torch.zeros_like(k, dtype=acc)
+    dv_acc = torch.zeros_like(v, dtype=acc)
+    for step in range(ring.world_size):
+        source = (ring.rank - step) % ring.world_size
+        part, block_causal = _step_shape(causal, ring.rank, source)
+        if part == "all":
+            dq_b, dk_b, dv_b = ops.backward(dout, q, k_cur, v_cur, out, lse, block_causal, softmax_scale)
+            dq += dq_b.to(acc)
+            dk_acc += dk_b.to(acc)
+            dv_acc += dv_b.to(acc)
+        elif part == "keys_first":
+            dq_b, dk_b, dv_b = ops.backward(dout, q, k_cur[:, :half], v_cur[:, :half], out, lse, False,
+                                            softmax_scale)
+            dq += dq_b.to(acc)
+            dk_acc[:, :half] += dk_b.to(acc)
+            dv_acc[:, :half] += dv_b.to(acc)
+        else:
+            dq_b, dk_b, dv_b = ops.backward(dout[:, half:], q[:, half:], k_cur, v_cur, out[:, half:],
+                                            lse[..., half:].contiguous(), False, softmax_scale)
+            dq[:, half:] += dq_b.to(acc)
+            dk_acc += dk_b.to(acc)
+            dv_acc += dv_b.to(acc)
+        # On to the next rank: K/V for its next step, the accumulators with them;
+        # after the last step only the accumulators, which reach their owner.
+        last = step + 1 == ring.world_size
+        requests, received = ring.start((dk_acc, dv_acc) if last else (k_cur, v_cur, dk_acc, dv_acc))
+        ring.wait(requests)
+        if last:
+            dk_acc, dv_acc = received
+        else:
+            k_cur, v_cur, dk_acc, dv_acc = received
+    return dq.to(q.dtype), dk_acc.to(k.dtype), dv_acc.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, group, ops):
+        ring = _Ring(group)
+        out, lse = _ring_forward(q, k, v, causal, softmax_scale, ring, ops)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops = softmax_scale, causal, group, ops
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
+                                    _Ring(ctx.group), ctx.ops)
+        return dq, dk, dv, None, None, None, None
+
+
+def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
+                         group=None, block_ops: Optional[BlockOps] = None, return_lse: bool = False):
+    """Attention over the whole sequence of which each rank of `group` (default: the
+    world) holds one shard: q (batch, seqlen / world, heads, head_dim), k, v (batch,
+    seqlen / world, kv_heads, head_dim); for causal, the zigzag shards (zigzag_shard).
+    Returns the rank's out shard (and the LSE (batch, heads, seqlen / world) with
+    return_lse); differentiable in q, k, v. block_ops: flashlab's kernels by default."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"ring_flash_attn_func: q, k, v must be (batch, seqlen, heads, head_dim); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[1] != q.shape[1]:
+        raise ValueError("ring_flash_attn_func: every rank's q and k/v shards hold the same rows; got "
+                         f"{q.shape[1]} query and {k.shape[1]} key rows")
+    if causal and q.shape[1] % 2 != 0:
+        raise ValueError(f"ring_flash_attn_func: causal takes zigzag shards of two equal chunks; got "
+                         f"{q.shape[1]} rows")
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,105 @@
+"""flashlab.distributed's ring attention on CPUs (issue 34's first tests): 2 and 4
+processes on the gloo backend, the block operation replaced by plain torch math
+(reference_block_ops, float64), against single-process attention of the whole
+sequence (attention_reference.py): out, lse and the gradients of q, k, v, causal with
+the zigzag layout and not, MHA and GQA. Also the zigzag layout's round trip and the
+LSE merge against attention over the union of two key sets."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flashlab.distributed import (
+    merge_partial,
+    reference_block_ops,
+    ring_flash_attn_func,
+    zigzag_shard,
+    zigzag_unshard,
+)
+from attention_reference import attention_ref
+
+BATCH, HEADS, HEAD_DIM = 2, 4, 16
+
+
+def _shard(x, rank, world, causal):
+    return zigzag_shard(x, rank, world) if causal else x.chunk(world, dim=1)[rank]
+
+
+def _unshard(shards, causal):
+    return zigzag_unshard(shards) if causal else torch.cat(shards, dim=1)
+
+
+def _problem(seqlen, kv_heads):
+    generator = torch.Generator().manual_seed(1234)
+    normal = lambda *shape: torch.randn(*shape, generator=generator, dtype=torch.float64)  # noqa: E731
+    return (normal(BATCH, seqlen, HEADS, HEAD_DIM), normal(BATCH, seqlen, kv_heads, HEAD_DIM),
+            normal(BATCH, seqlen, kv_heads, HEAD_DIM), normal(BATCH, seqlen, HEADS, HEAD_DIM))
+
+
+def _worker(rank, world, init_file, seqlen, kv_heads, causal, results):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        q, k, v, dout = _problem(seqlen, kv_heads)
+        local = [_shard(x, rank, world, causal).clone().requires_grad_() for x in (q, k, v)]
+        out, lse = ring_flash_attn_func(*local, causal=causal, block_ops=reference_block_ops, return_lse=True)
+        out.backward(_shard(dout, rank, world, causal))
+        torch.save({"out": out.detach(), "lse": lse, "dq": local[0].grad, "dk": local[1].grad,
+                    "dv": local[2].grad}, os.path.join(results, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world,seqlen,kv_heads,causal", [
+    (2, 28, 4, False),   # MHA, not causal, contiguous shards of 14 rows
+    (2, 36, 2, True),    # GQA, causal zigzag: chunks of 9 rows
+    (4, 40, 1, True),    # MQA, causal zigzag over four ranks: chunks of 5 rows
+    (4, 44, 2, False),
+])
+def test_ring_matches_single_process_attention(world, seqlen, kv_heads, causal):
+    with tempfile.TemporaryDirectory() as results:
+        init_file = os.path.join(results, "init")
+        mp.spawn(_worker, args=(world, init_file, seqlen, kv_heads, causal, results), nprocs=world, join=True)
+        shards = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+    q, k, v, dout = _problem(seqlen, kv_heads)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out, lse = attention_ref(*leaves, causal=causal)
+    grads = torch.autograd.grad(out, leaves, dout)
+    gathered = {name: _unshard([s[name] for s in shards], causal) for name in ("out", "dq", "dk", "dv")}
+    lses = [s["lse"] for s in shards]  # (batch, heads, rows): the sequence is dim 2
+    gathered["lse"] = zigzag_unshard(lses, dim=2) if causal else torch.cat(lses, dim=2)
+    expected = {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    for name, want in expected.items():
+        error = (gathered[name].double() - want.double()).abs().max().item()
+        bound = 1e-5 if name == "lse" else 1e-9  # attention_ref's lse is float32
+        assert error < bound, f"{name}: max error {error:.3e} against single-process attention"
+
+
+def test_zigzag_round_trip_and_balance():
+    x = torch.arange(2 * 3 * 24).reshape(2, 24, 3, 1)
+    shards = [zigzag_shard(x, rank, 3) for rank in range(3)]
+    assert torch.equal(zigzag_unshard(shards), x)
+    # rank r holds chunks r and 2w-1-r of 4 rows: positions 4r.. and 4(5-r)..
+    assert shards[0][0, :, 0, 0].tolist()[:4] == [0, 3, 6, 9]
+    with pytest.raises(ValueError, match="multiple of 2 x world_size = 6"):
+        zigzag_shard(x[:, :20], 0, 3)
+
+
+def test_merge_partial_is_attention_over_the_union():
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 5, 2, 8, generator=generator, dtype=torch.float64) for _ in range(3))
+    whole, whole_lse = attention_ref(q, k, v)
+    first, first_lse = attention_ref(q, k[:, :2], v[:, :2])
+    second, second_lse = attention_ref(q, k[:, 2:], v[:, 2:])
+    merged, merged_lse = merge_partial(first, first_lse.double(), second, second_lse.double())
+    # attention_ref's lse is float32: its rounding bounds the agreement.
+    assert (merged - whole).abs().max().item() < 1e-6
+    assert (merged_lse - whole_lse.double()).abs().max().item() < 1e-6
+    # A side that saw no key (lse -inf) leaves the other as it was; both empty: 0 and -inf.
+    empty = torch.full_like(first_lse.double(), float("-inf"))
+    kept, kept_lse = merge_partial(torch.zeros_like(first), empty, first, first_lse.double())
+    assert torch.equal(kept, first) and torch.equal(kept_lse, first_lse.double())
+    none, none_lse = merge_partial(torch.zeros_like(first), empty, torch.zeros_like(first), empty)
+    assert torch.equal(none, torch.zeros_like(first)) and torch.isneginf(none_lse).all()

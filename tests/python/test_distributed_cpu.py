@@ -1,4 +1,4 @@
-"""flashlab.distributed's ring attention on CPUs (issue 34's first tests): 2 and 4
+"""flashlab.distributed's ring and Ulysses attention on CPUs (issue 34's first tests): 2 and 4
 processes on the gloo backend, the block operation replaced by plain torch math
 (reference_block_ops, float64), against single-process attention of the whole
 sequence (attention_reference.py): out, lse and the gradients of q, k, v, causal with
@@ -16,6 +16,7 @@ from flashlab.distributed import (
     merge_partial,
     reference_block_ops,
     ring_flash_attn_func,
+    ulysses_flash_attn_func,
     zigzag_shard,
     zigzag_unshard,
 )
@@ -24,12 +25,18 @@ from attention_reference import attention_ref
 BATCH, HEADS, HEAD_DIM = 2, 4, 16
 
 
-def _shard(x, rank, world, causal):
-    return zigzag_shard(x, rank, world) if causal else x.chunk(world, dim=1)[rank]
+# The ring takes zigzag shards for causal attention; Ulysses (and the ring without a
+# mask) contiguous ones.
+def _zigzag(scheme, causal):
+    return scheme == "ring" and causal
 
 
-def _unshard(shards, causal):
-    return zigzag_unshard(shards) if causal else torch.cat(shards, dim=1)
+def _shard(x, rank, world, zigzag):
+    return zigzag_shard(x, rank, world) if zigzag else x.chunk(world, dim=1)[rank]
+
+
+def _unshard(shards, zigzag, dim=1):
+    return zigzag_unshard(shards, dim=dim) if zigzag else torch.cat(shards, dim=dim)
 
 
 def _problem(seqlen, kv_heads):
@@ -39,38 +46,47 @@ def _problem(seqlen, kv_heads):
             normal(BATCH, seqlen, kv_heads, HEAD_DIM), normal(BATCH, seqlen, HEADS, HEAD_DIM))
 
 
-def _worker(rank, world, init_file, seqlen, kv_heads, causal, results):
+def _worker(rank, world, init_file, seqlen, kv_heads, causal, scheme, results):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         q, k, v, dout = _problem(seqlen, kv_heads)
-        local = [_shard(x, rank, world, causal).clone().requires_grad_() for x in (q, k, v)]
-        out, lse = ring_flash_attn_func(*local, causal=causal, block_ops=reference_block_ops, return_lse=True)
-        out.backward(_shard(dout, rank, world, causal))
+        zigzag = _zigzag(scheme, causal)
+        local = [_shard(x, rank, world, zigzag).clone().requires_grad_() for x in (q, k, v)]
+        if scheme == "ring":
+            out, lse = ring_flash_attn_func(*local, causal=causal, block_ops=reference_block_ops, return_lse=True)
+        else:
+            out, lse = ulysses_flash_attn_func(*local, causal=causal, block_ops=reference_block_ops), None
+        out.backward(_shard(dout, rank, world, zigzag))
         torch.save({"out": out.detach(), "lse": lse, "dq": local[0].grad, "dk": local[1].grad,
                     "dv": local[2].grad}, os.path.join(results, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,seqlen,kv_heads,causal", [
-    (2, 28, 4, False),   # MHA, not causal, contiguous shards of 14 rows
-    (2, 36, 2, True),    # GQA, causal zigzag: chunks of 9 rows
-    (4, 40, 1, True),    # MQA, causal zigzag over four ranks: chunks of 5 rows
-    (4, 44, 2, False),
+@pytest.mark.parametrize("scheme,world,seqlen,kv_heads,causal", [
+    ("ring", 2, 28, 4, False),     # MHA, not causal, contiguous shards of 14 rows
+    ("ring", 2, 36, 2, True),      # GQA, causal zigzag: chunks of 9 rows
+    ("ring", 4, 40, 1, True),      # MQA, causal zigzag over four ranks: chunks of 5 rows
+    ("ring", 4, 44, 2, False),
+    ("ulysses", 2, 30, 2, True),   # 4 heads, 2 kv heads over 2 ranks
+    ("ulysses", 4, 28, 1, False),  # MQA: the kv head repeated to 4
 ])
-def test_ring_matches_single_process_attention(world, seqlen, kv_heads, causal):
+def test_distributed_attention_matches_single_process_attention(scheme, world, seqlen, kv_heads, causal):
     with tempfile.TemporaryDirectory() as results:
         init_file = os.path.join(results, "init")
-        mp.spawn(_worker, args=(world, init_file, seqlen, kv_heads, causal, results), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, init_file, seqlen, kv_heads, causal, scheme, results), nprocs=world,
+                 join=True)
         shards = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
     q, k, v, dout = _problem(seqlen, kv_heads)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     out, lse = attention_ref(*leaves, causal=causal)
     grads = torch.autograd.grad(out, leaves, dout)
-    gathered = {name: _unshard([s[name] for s in shards], causal) for name in ("out", "dq", "dk", "dv")}
-    lses = [s["lse"] for s in shards]  # (batch, heads, rows): the sequence is dim 2
-    gathered["lse"] = zigzag_unshard(lses, dim=2) if causal else torch.cat(lses, dim=2)
-    expected = {"out": out, "lse": lse, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    zigzag = _zigzag(scheme, causal)
+    gathered = {name: _unshard([s[name] for s in shards], zigzag) for name in ("out", "dq", "dk", "dv")}
+    expected = {"out": out, "dq": grads[0], "dk": grads[1], "dv": grads[2]}
+    if scheme == "ring":  # (batch, heads, rows): the sequence is dim 2
+        gathered["lse"] = _unshard([s["lse"] for s in shards], zigzag, dim=2)
+        expected["lse"] = lse
     for name, want in expected.items():
         error = (gathered[name].double() - want.double()).abs().max().item()
         bound = 1e-5 if name == "lse" else 1e-9  # attention_ref's lse is float32

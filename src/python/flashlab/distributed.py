@@ -305,3 +305,70 @@ def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal:
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops)
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------
+# Ulysses: sequence shards <-> head shards by all-to-all.
+
+
+def _sequence_to_heads(x, group):
+    """(batch, rows, heads, d) sequence shards -> (batch, rows x world, heads / world, d)."""
+    world = dist.get_world_size(group)
+    sent = [part.contiguous() for part in x.chunk(world, dim=2)]
+    received = [torch.empty_like(sent[0]) for _ in range(world)]
+    dist.all_to_all(received, sent, group=group)
+    return torch.cat(received, dim=1)
+
+
+def _heads_to_sequence(x, group):
+    """The inverse: (batch, rows x world, heads / world, d) -> (batch, rows, heads, d)."""
+    world = dist.get_world_size(group)
+    sent = [part.contiguous() for part in x.chunk(world, dim=1)]
+    received = [torch.empty_like(sent[0]) for _ in range(world)]
+    dist.all_to_all(received, sent, group=group)
+    return torch.cat(received, dim=2)
+
+
+class _UlyssesAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, group, ops):
+        world = dist.get_world_size(group)
+        if k.shape[2] % world != 0:  # too few kv heads: repeat them up to a multiple of the world
+            repeat = world // math.gcd(world, k.shape[2])
+            k, v = k.repeat_interleave(repeat, dim=2), v.repeat_interleave(repeat, dim=2)
+            ctx.kv_repeat = repeat
+        else:
+            ctx.kv_repeat = 1
+        qh, kh, vh = (_sequence_to_heads(x, group) for x in (q, k, v))
+        out_h, lse_h = ops.forward(qh, kh, vh, causal, softmax_scale)
+        ctx.save_for_backward(qh, kh, vh, out_h, lse_h)
+        ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops = softmax_scale, causal, group, ops
+        return _heads_to_sequence(out_h, group)
+
+    @staticmethod
+    def backward(ctx, dout):
+        qh, kh, vh, out_h, lse_h = ctx.saved_tensors
+        group = ctx.group
+        dout_h = _sequence_to_heads(dout.contiguous(), group)
+        dq_h, dk_h, dv_h = ctx.ops.backward(dout_h, qh, kh, vh, out_h, lse_h, ctx.causal, ctx.softmax_scale)
+        dq, dk, dv = (_heads_to_sequence(x, group) for x in (dq_h, dk_h, dv_h))
+        if ctx.kv_repeat > 1:  # the repeated heads' gradients sum into their source
+            dk = dk.unflatten(2, (-1, ctx.kv_repeat)).sum(3)
+            dv = dv.unflatten(2, (-1, ctx.kv_repeat)).sum(3)
+        return dq, dk, dv, None, None, None, None
+
+
+def ulysses_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
+                            group=None, block_ops: Optional[BlockOps] = None):
+    """ring_flash_attn_func's contract with contiguous shards (rank r holds rows r x rows ..),
+    by all-to-all: heads must divide by the group's size (kv heads are repeated up to a
+    multiple of it). Differentiable in q, k, v."""
+    world = dist.get_world_size(group)
+    if q.shape[2] % world != 0:
+        raise ValueError(f"ulysses_flash_attn_func: heads ({q.shape[2]}) must be a multiple of the group's "
+                         f"size ({world}); ring_flash_attn_func takes any")
+    if q.shape[2] % k.shape[2] != 0:
+        raise ValueError(f"ulysses_flash_attn_func: heads ({q.shape[2]}) must be a multiple of kv heads "
+                         f"({k.shape[2]})")
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return _UlyssesAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops)

@@ -1,0 +1,70 @@
+"""flashlab.distributed on GPUs (marker gpu): ring (zigzag for causal) and Ulysses
+attention with flashlab's kernels per block, on every GPU of the machine (2 to 4 ranks,
+NCCL), against the same attention of the whole sequence: out and the gradients within
+flash-attn's rule (attention_reference.py: 2x / 3x PyTorch's error in the input dtype
+against float32). Skipped with fewer than two GPUs. Written in session 23 without a
+multi-GPU machine: not yet run."""
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flashlab.distributed import ring_flash_attn_func, ulysses_flash_attn_func, zigzag_shard, zigzag_unshard
+from attention_reference import assert_close_to_reference, attention_ref
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+                                 reason="needs two or more CUDA devices and NCCL")]
+
+BATCH, HEADS, HEAD_DIM, DTYPE = 2, 8, 128, torch.bfloat16
+
+
+def _problem(seqlen, kv_heads):
+    generator = torch.Generator().manual_seed(2024)
+    normal = lambda *shape: torch.randn(*shape, generator=generator).to(DTYPE)  # noqa: E731
+    return (normal(BATCH, seqlen, HEADS, HEAD_DIM), normal(BATCH, seqlen, kv_heads, HEAD_DIM),
+            normal(BATCH, seqlen, kv_heads, HEAD_DIM), normal(BATCH, seqlen, HEADS, HEAD_DIM))
+
+
+def _worker(rank, world, init_file, seqlen, kv_heads, causal, scheme, results):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        zigzag = scheme == "ring" and causal
+        shard = (lambda x: zigzag_shard(x, rank, world)) if zigzag else (lambda x: x.chunk(world, dim=1)[rank])
+        q, k, v, dout = (shard(x).cuda() for x in _problem(seqlen, kv_heads))
+        local = [x.clone().requires_grad_() for x in (q, k, v)]
+        attention = ring_flash_attn_func if scheme == "ring" else ulysses_flash_attn_func
+        out = attention(*local, causal=causal)
+        out.backward(dout)
+        torch.save({name: t.detach().cpu() for name, t in
+                    (("out", out), ("dq", local[0].grad), ("dk", local[1].grad), ("dv", local[2].grad))},
+                   os.path.join(results, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("scheme,seqlen,kv_heads,causal", [
+    ("ring", 4096, 8, False), ("ring", 4096, 2, True), ("ulysses", 4096, 8, True), ("ulysses", 2048, 8, False)])
+def test_distributed_matches_one_gpu(scheme, seqlen, kv_heads, causal):
+    world = min(torch.cuda.device_count(), 4)
+    with tempfile.TemporaryDirectory() as results:
+        mp.spawn(_worker, args=(world, os.path.join(results, "init"), seqlen, kv_heads, causal, scheme, results),
+                 nprocs=world, join=True)
+        shards = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+    zigzag = scheme == "ring" and causal
+    gathered = {name: (zigzag_unshard if zigzag else lambda s: torch.cat(s, dim=1))([s[name] for s in shards])
+                for name in ("out", "dq", "dk", "dv")}
+    q, k, v, dout = (x.cuda() for x in _problem(seqlen, kv_heads))
+    precise = [x.float().requires_grad_() for x in (q, k, v)]
+    same = [x.clone().requires_grad_() for x in (q, k, v)]
+    out_precise, _ = attention_ref(*precise, causal=causal)
+    out_same, _ = attention_ref(*same, causal=causal)
+    assert_close_to_reference("out", gathered["out"].cuda(), out_precise, out_same, 2, DTYPE)
+    grads_precise = torch.autograd.grad(out_precise, precise, dout.float())
+    grads_same = torch.autograd.grad(out_same, same, dout)
+    for name, grad_precise, grad_same in zip(("dq", "dk", "dv"), grads_precise, grads_same):
+        assert_close_to_reference(name, gathered[name].cuda(), grad_precise, grad_same, 3, DTYPE)

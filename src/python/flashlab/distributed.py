@@ -57,6 +57,32 @@ def zigzag_unshard(shards, dim: int = 1) -> torch.Tensor:
     return torch.cat(chunks, dim=dim)
 
 
+def zigzag_shard_varlen(x: torch.Tensor, cu_seqlens, rank: int, world_size: int):
+    """Rank `rank`'s rows of packed sequences x (total, ...) with prefix sums cu_seqlens:
+    every sequence's zigzag shard, back to back. Returns (rows, cu_seqlens of the shard,
+    its max length); each length must be a multiple of 2 x world_size."""
+    bounds = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    parts = [zigzag_shard(x[start:end], rank, world_size, dim=0) for start, end in zip(bounds[:-1], bounds[1:])]
+    lengths = [part.shape[0] for part in parts]
+    local = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    device = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else x.device
+    return torch.cat(parts, dim=0), local.to(device), max(lengths, default=0)
+
+
+def zigzag_unshard_varlen(shards, cu_seqlens) -> torch.Tensor:
+    """The packed sequences from every rank's zigzag_shard_varlen rows (shards[r] is rank r's)."""
+    bounds = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+    world_size = len(shards)
+    offsets = [0] * world_size
+    sequences = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        rows = (end - start) // world_size
+        sequences.append(zigzag_unshard([shard[offsets[r]:offsets[r] + rows] for r, shard in enumerate(shards)],
+                                        dim=0))
+        offsets = [offset + rows for offset in offsets]
+    return torch.cat(sequences, dim=0)
+
+
 # ---------------------------------------------------------------------------
 # Merging partial results by their LSE.
 
@@ -65,15 +91,16 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
                   block_lse: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The attention over the union of two key sets from each one's (out, lse):
     lse = log(exp(lse) + exp(block_lse)), out weighted by exp(lse_part - lse). out
-    (batch, seqlen, heads, head_dim), lse (batch, heads, seqlen) float32. A row that
-    sees no key in either keeps out 0 and lse -inf."""
+    (batch, seqlen, heads, head_dim) with lse (batch, heads, seqlen), or packed out
+    (total, heads, head_dim) with lse (heads, total). A row that sees no key in either
+    keeps out 0 and lse -inf."""
     merged = torch.logaddexp(lse, block_lse)
     finite = torch.isfinite(merged)
     safe = torch.where(finite, merged, torch.zeros_like(merged))
     weight = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(merged))
     block_weight = torch.where(finite, torch.exp(block_lse - safe), torch.zeros_like(merged))
-    # (batch, heads, seqlen) -> (batch, seqlen, heads, 1)
-    as_rows = lambda w: w.transpose(1, 2).unsqueeze(-1)  # noqa: E731
+    # (batch, heads, seqlen) -> (batch, seqlen, heads, 1); (heads, total) -> (total, heads, 1)
+    as_rows = lambda w: w.transpose(-1, -2).unsqueeze(-1)  # noqa: E731
     merged_out = out * as_rows(weight).to(out.dtype) + block_out.to(out.dtype) * as_rows(block_weight).to(out.dtype)
     return merged_out, merged
 
@@ -86,9 +113,13 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
 class BlockOps:
     """forward(q, k, v, causal, softmax_scale) -> (out, lse float32 (batch, heads, seqlen_q));
     backward(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv): one block's
-    share of the gradients given the final out and lse."""
+    share of the gradients given the final out and lse. varlen_forward / varlen_backward:
+    the same on packed rows, with (cu_seqlens_q, max_seqlen_q, cu_seqlens_k,
+    max_seqlen_k) after v, lse (heads, total_q)."""
     forward: Callable
     backward: Callable
+    varlen_forward: Optional[Callable] = None
+    varlen_backward: Optional[Callable] = None
 
 
 def _flashlab_forward(q, k, v, causal, softmax_scale):
@@ -101,7 +132,19 @@ def _flashlab_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     return dq, dk, dv
 
 
-flashlab_block_ops = BlockOps(_flashlab_forward, _flashlab_backward)
+def _flashlab_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+    return torch.ops.flashlab.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, -1, -1, False,
+                                         "auto")
+
+
+def _flashlab_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+    dq, dk, dv, _ = torch.ops.flashlab.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, softmax_scale,
+                                                  causal, -1, -1, False, "auto")
+    return dq, dk, dv
+
+
+flashlab_block_ops = BlockOps(_flashlab_forward, _flashlab_backward, _flashlab_varlen_forward,
+                              _flashlab_varlen_backward)
 
 
 def _expand_kv(x, heads):
@@ -148,7 +191,32 @@ def _reference_backward(dout, q, k, v, out, lse, causal, softmax_scale):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-reference_block_ops = BlockOps(_reference_forward, _reference_backward)
+def _sequences(cu_q, cu_k):
+    return zip(cu_q.tolist()[:-1], cu_q.tolist()[1:], cu_k.tolist()[:-1], cu_k.tolist()[1:])
+
+
+def _reference_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=_accumulator_dtype(q), device=q.device)
+    for qs, qe, ks, ke in _sequences(cu_q, cu_k):
+        if qe > qs and ke > ks:
+            o, l = _reference_forward(q[None, qs:qe], k[None, ks:ke], v[None, ks:ke], causal, softmax_scale)
+            out[qs:qe], lse[:, qs:qe] = o[0], l[0]
+    return out, lse
+
+
+def _reference_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for qs, qe, ks, ke in _sequences(cu_q, cu_k):
+        if qe > qs and ke > ks:
+            g = _reference_backward(dout[None, qs:qe], q[None, qs:qe], k[None, ks:ke], v[None, ks:ke],
+                                    out[None, qs:qe], lse[None, :, qs:qe], causal, softmax_scale)
+            dq[qs:qe], dk[ks:ke], dv[ks:ke] = g[0][0], g[1][0], g[2][0]
+    return dq, dk, dv
+
+
+reference_block_ops = BlockOps(_reference_forward, _reference_backward, _reference_varlen_forward,
+                               _reference_varlen_backward)
 
 
 # ---------------------------------------------------------------------------
@@ -196,12 +264,104 @@ def _accumulator_dtype(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps):
-    batch, seqlen, heads, head_dim = q.shape
-    half = seqlen // 2
+class _DenseLayout:
+    """(batch, rows, heads, d) shards, lse (batch, heads, rows); a zigzag shard's halves
+    are its first and last rows / 2."""
+
+    def __init__(self, rows):
+        self.half = rows // 2
+
+    def lse_shape(self, q):
+        return (q.shape[0], q.shape[2], q.shape[1])
+
+    def first(self, x):
+        return x[:, :self.half]
+
+    def second(self, x):
+        return x[:, self.half:]
+
+    def second_lse(self, lse):
+        return lse[..., self.half:].contiguous()
+
+    def with_second(self, x, part):
+        return torch.cat([x[:, :self.half], part], dim=1)
+
+    def with_second_lse(self, lse, part):
+        return torch.cat([lse[..., :self.half], part], dim=-1)
+
+    def add_first(self, acc, part):
+        acc[:, :self.half] += part
+
+    def add_second(self, acc, part):
+        acc[:, self.half:] += part
+
+    def forward(self, ops, q, k, v, causal, scale, part):
+        return ops.forward(q, k, v, causal, scale)
+
+    def backward(self, ops, dout, q, k, v, out, lse, causal, scale, part):
+        return ops.backward(dout, q, k, v, out, lse, causal, scale)
+
+
+class _VarlenLayout:
+    """Packed (total, heads, d) shards of the sequences cu_seqlens (this rank's, int32
+    prefix sums), lse (heads, total); a zigzag shard's halves are each sequence's first
+    and last rows / 2 (index lists)."""
+
+    def __init__(self, cu_seqlens, max_seqlen):
+        bounds = cu_seqlens.tolist()  # the lengths on the host: one sync a call
+        device = cu_seqlens.device
+        first, second, halves = [], [], [0]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            half = (end - start) // 2
+            first += range(start, start + half)
+            second += range(start + half, end)
+            halves.append(halves[-1] + half)
+        self.first_index = torch.tensor(first, dtype=torch.long, device=device)
+        self.second_index = torch.tensor(second, dtype=torch.long, device=device)
+        self.cu_seqlens, self.max_seqlen = cu_seqlens, max_seqlen
+        self.cu_halves = torch.tensor(halves, dtype=torch.int32, device=device)
+        self.max_half = max_seqlen // 2
+
+    def lse_shape(self, q):
+        return (q.shape[1], q.shape[0])
+
+    def first(self, x):
+        return x.index_select(0, self.first_index)
+
+    def second(self, x):
+        return x.index_select(0, self.second_index)
+
+    def second_lse(self, lse):
+        return lse.index_select(1, self.second_index)
+
+    def with_second(self, x, part):
+        return x.index_copy(0, self.second_index, part)
+
+    def with_second_lse(self, lse, part):
+        return lse.index_copy(1, self.second_index, part)
+
+    def add_first(self, acc, part):
+        acc.index_add_(0, self.first_index, part)
+
+    def add_second(self, acc, part):
+        acc.index_add_(0, self.second_index, part)
+
+    def _lengths(self, part):
+        whole = (self.cu_seqlens, self.max_seqlen)
+        halves = (self.cu_halves, self.max_half)
+        return {"all": whole + whole, "keys_first": whole + halves, "queries_second": halves + whole}[part]
+
+    def forward(self, ops, q, k, v, causal, scale, part):
+        return ops.varlen_forward(q, k, v, *self._lengths(part), causal, scale)
+
+    def backward(self, ops, dout, q, k, v, out, lse, causal, scale, part):
+        return ops.varlen_backward(dout, q, k, v, out, lse, *self._lengths(part), causal, scale)
+
+
+def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout):
     acc = _accumulator_dtype(q)
     out = torch.zeros_like(q, dtype=acc)
-    lse = torch.full((batch, heads, seqlen), float("-inf"), dtype=acc, device=q.device)
+    lse = torch.full(layout.lse_shape(q), float("-inf"), dtype=acc, device=q.device)
     kv = (k, v)
     for step in range(ring.world_size):
         requests, received = ring.start(kv) if step + 1 < ring.world_size else ([], None)
@@ -209,26 +369,25 @@ def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps):
         part, block_causal = _step_shape(causal, ring.rank, source)
         k_cur, v_cur = kv
         if part == "all":
-            block_out, block_lse = ops.forward(q, k_cur, v_cur, block_causal, softmax_scale)
+            block_out, block_lse = layout.forward(ops, q, k_cur, v_cur, block_causal, softmax_scale, part)
             out, lse = merge_partial(out, lse, block_out.to(acc), block_lse.to(acc))
         elif part == "keys_first":
-            block_out, block_lse = ops.forward(q, k_cur[:, :half], v_cur[:, :half], False, softmax_scale)
+            block_out, block_lse = layout.forward(ops, q, layout.first(k_cur), layout.first(v_cur), False,
+                                                  softmax_scale, part)
             out, lse = merge_partial(out, lse, block_out.to(acc), block_lse.to(acc))
         else:
-            block_out, block_lse = ops.forward(q[:, half:], k_cur, v_cur, False, softmax_scale)
-            merged_out, merged_lse = merge_partial(out[:, half:], lse[..., half:], block_out.to(acc),
+            block_out, block_lse = layout.forward(ops, layout.second(q), k_cur, v_cur, False, softmax_scale, part)
+            merged_out, merged_lse = merge_partial(layout.second(out), layout.second_lse(lse), block_out.to(acc),
                                                    block_lse.to(acc))
-            out = torch.cat([out[:, :half], merged_out], dim=1)
-            lse = torch.cat([lse[..., :half], merged_lse], dim=-1)
+            out = layout.with_second(out, merged_out)
+            lse = layout.with_second_lse(lse, merged_lse)
         ring.wait(requests)
         if received is not None:
             kv = tuple(received)
     return out.to(q.dtype), lse.to(torch.float32) if acc == torch.float32 else lse
 
 
-def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, ops: BlockOps):
-    seqlen = q.shape[1]
-    half = seqlen // 2
+def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout):
     acc = _accumulator_dtype(q)
     dq = torch.zeros_like(q, dtype=acc)
     # K, V and their gradient accumulators travel together; block `source`'s
@@ -240,20 +399,22 @@ def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, 
         source = (ring.rank - step) % ring.world_size
         part, block_causal = _step_shape(causal, ring.rank, source)
         if part == "all":
-            dq_b, dk_b, dv_b = ops.backward(dout, q, k_cur, v_cur, out, lse, block_causal, softmax_scale)
+            dq_b, dk_b, dv_b = layout.backward(ops, dout, q, k_cur, v_cur, out, lse, block_causal, softmax_scale,
+                                               part)
             dq += dq_b.to(acc)
             dk_acc += dk_b.to(acc)
             dv_acc += dv_b.to(acc)
         elif part == "keys_first":
-            dq_b, dk_b, dv_b = ops.backward(dout, q, k_cur[:, :half], v_cur[:, :half], out, lse, False,
-                                            softmax_scale)
+            dq_b, dk_b, dv_b = layout.backward(ops, dout, q, layout.first(k_cur), layout.first(v_cur), out, lse,
+                                               False, softmax_scale, part)
             dq += dq_b.to(acc)
-            dk_acc[:, :half] += dk_b.to(acc)
-            dv_acc[:, :half] += dv_b.to(acc)
+            layout.add_first(dk_acc, dk_b.to(acc))
+            layout.add_first(dv_acc, dv_b.to(acc))
         else:
-            dq_b, dk_b, dv_b = ops.backward(dout[:, half:], q[:, half:], k_cur, v_cur, out[:, half:],
-                                            lse[..., half:].contiguous(), False, softmax_scale)
-            dq[:, half:] += dq_b.to(acc)
+            dq_b, dk_b, dv_b = layout.backward(ops, layout.second(dout), layout.second(q), k_cur, v_cur,
+                                               layout.second(out), layout.second_lse(lse), False, softmax_scale,
+                                               part)
+            layout.add_second(dq, dq_b.to(acc))
             dk_acc += dk_b.to(acc)
             dv_acc += dv_b.to(acc)
         # On to the next rank: K/V for its next step, the accumulators with them;
@@ -270,11 +431,11 @@ def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, group, ops):
+    def forward(ctx, q, k, v, softmax_scale, causal, group, ops, layout):
         ring = _Ring(group)
-        out, lse = _ring_forward(q, k, v, causal, softmax_scale, ring, ops)
+        out, lse = _ring_forward(q, k, v, causal, softmax_scale, ring, ops, layout)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops = softmax_scale, causal, group, ops
+        ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops, ctx.layout = softmax_scale, causal, group, ops, layout
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -282,8 +443,8 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-                                    _Ring(ctx.group), ctx.ops)
-        return dq, dk, dv, None, None, None, None
+                                    _Ring(ctx.group), ctx.ops, ctx.layout)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
@@ -303,7 +464,28 @@ def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal:
         raise ValueError(f"ring_flash_attn_func: causal takes zigzag shards of two equal chunks; got "
                          f"{q.shape[1]} rows")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops)
+    out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
+                                    _DenseLayout(q.shape[1]))
+    return (out, lse) if return_lse else out
+
+
+def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None,
+                                causal: bool = False, group=None, block_ops: Optional[BlockOps] = None,
+                                return_lse: bool = False):
+    """ring_flash_attn_func for packed sequences: q (total / world, heads, head_dim), k, v
+    (total / world, kv_heads, head_dim), this rank's rows of every sequence back to back;
+    cu_seqlens (int32, on q's device) and max_seqlen describe the rank's rows (each
+    sequence's length / world: zigzag_shard_varlen's). For causal every sequence's shard
+    is its zigzag shard, of even length. Returns out (and lse (heads, total / world))."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"ring_flash_attn_varlen_func: q, k, v must be (total, heads, head_dim); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if causal and any(length % 2 for length in cu_seqlens.diff().tolist()):
+        raise ValueError("ring_flash_attn_varlen_func: causal takes zigzag shards: every sequence's rows "
+                         f"on a rank must be even; got lengths {cu_seqlens.diff().tolist()}")
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
+                                    _VarlenLayout(cu_seqlens, int(max_seqlen)))
     return (out, lse) if return_lse else out
 
 

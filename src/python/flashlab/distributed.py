@@ -1,26 +1,38 @@
-"""Context parallelism (issue 34), first part: ring attention over torch.distributed.
+"""Context parallelism (issue 34), first part: ring and Ulysses attention over torch.distributed.
 
 Each rank holds its shard of the sequence, q, k, v of shape (batch, seqlen / world,
 heads or kv_heads, head_dim). ring_flash_attn_func passes the K/V shards around the
 ring (batch_isend_irecv: NCCL on GPUs, gloo on CPUs), one step per rank: at each step
 the rank attends its queries to the K/V it holds with a block operation that returns
 (out, lse), and merges the partial result by its LSE (merge_partial: the split-KV
-combine's rule). The next K/V travel while the current block computes. GQA sends only
-the kv heads. The backward runs the same ring: each rank adds its dQ locally while
-dK/dV accumulators travel with the K/V they belong to, and go home in one last step.
+combine's rule). The next K/V travel while the current block computes (the backend's
+own asynchrony: no side stream of its own yet). GQA sends only the kv heads. The
+backward runs the same ring: each rank adds its dQ locally while dK/dV accumulators
+travel with the K/V they belong to, and go home in one last step.
 
 Causal attention uses the zigzag layout (zigzag_shard / zigzag_unshard): the sequence
 is cut into 2 x world chunks and rank r holds chunks r and 2 x world - 1 - r, so every
 rank does the same causal work; on each step a rank attends all its queries to the
 first half of an earlier rank's K/V, or the second half of its queries to all of a later
 rank's K/V (the rest is masked and skipped), and its own shard causally.
+ring_flash_attn_varlen_func is the packed-sequence twin: each rank holds every
+sequence's zigzag shard (zigzag_shard_varlen), and a shard's halves are each
+sequence's halves (the ring is written once over the two layouts).
+
+ulysses_flash_attn_func is the other scheme (DeepSpeed-Ulysses): two all-to-alls turn
+the sequence shards into head shards, so each rank attends the whole sequence for
+heads / world of the heads (contiguous shards, causal as it is), and back. It needs the
+head count divisible by the world size (kv heads fewer than that are repeated); it
+moves 4 q-sized tensors by all-to-all where the ring moves world - 1 K/V shards, and
+runs one large attention instead of world smaller ones. Choose Ulysses when heads
+divide by the world size and the all-to-all is fast (one node); the ring otherwise,
+past one node, or when heads are few.
 
 The block operation is pluggable (BlockOps): flashlab_block_ops runs flashlab's
-kernels (torch.ops.flashlab.fwd / bwd: the backward of a block given the final out and
-lse is exactly a block's share of the gradients); reference_block_ops is plain torch
-math (the CPU tests run the ring with it on gloo). Not built yet (issue 34): the
-variable-length twin, Ulysses (all-to-all), a side stream of its own for the
-transfers, the benchmark. Nothing here has run on more than one GPU.
+kernels (torch.ops.flashlab.fwd / bwd and their varlen forms: the backward of a block
+given the final out and lse is exactly a block's share of the gradients);
+reference_block_ops is plain torch math (the CPU tests run the schemes with it on
+gloo). Not built yet: the benchmark. Nothing here has run on a GPU yet.
 """
 
 from __future__ import annotations

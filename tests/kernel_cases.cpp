@@ -661,27 +661,17 @@ const std::vector<CaseMatrix>& case_matrices() {
   return matrices;
 }
 
-namespace {
-
-// The score modifications the matrices cross with masks and shapes: each
-// alone (ALiBi per head and per batch entry), and all three together. A cap
-// of 1.5 bends the scaled scores of normal inputs (about +-3), so softcap is
-// not a no-op.
-struct Modification {
-  const char* label;
-  double softcap;
-  ProblemSpec::Alibi alibi;
-  bool sinks;
-};
-const std::vector<Modification>& modifications() {
+const std::vector<ScoreModificationCase>& score_modifications() {
   using Alibi = ProblemSpec::Alibi;
-  static const std::vector<Modification> all = {{"softcap", 1.5, Alibi::none, false},
-                                                {"alibi", 0.0, Alibi::per_head, false},
-                                                {"alibi_batch", 0.0, Alibi::per_batch, false},
-                                                {"sinks", 0.0, Alibi::none, true},
-                                                {"softcap_alibi_sinks", 1.5, Alibi::per_head, true}};
+  static const std::vector<ScoreModificationCase> all = {{"softcap", 1.5, Alibi::none, false},
+                                                         {"alibi", 0.0, Alibi::per_head, false},
+                                                         {"alibi_batch", 0.0, Alibi::per_batch, false},
+                                                         {"sinks", 0.0, Alibi::none, true},
+                                                         {"softcap_alibi_sinks", 1.5, Alibi::per_head, true}};
   return all;
 }
+
+namespace {
 
 // Each modification x {no mask, causal with rows that see no key (q 203 >
 // k 113), a window, a varlen batch with empty sequences}, GQA (8 over 2), head
@@ -689,12 +679,10 @@ const std::vector<Modification>& modifications() {
 std::vector<KernelCase> modification_cases(int compute_capability, const Kernels& kernels, bool backward) {
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels)
-    for (size_t index = 0; index < modifications().size(); ++index) {
-      const Modification& modification = modifications()[index];
+    for (size_t index = 0; index < score_modifications().size(); ++index) {
+      const ScoreModificationCase& modification = score_modifications()[index];
       const auto modified = [&](ProblemSpec spec) {
-        spec.softcap = modification.softcap;
-        spec.alibi = modification.alibi;
-        spec.sinks = modification.sinks;
+        modification.apply(spec);
         return spec;
       };
       const auto add = [&](const ProblemSpec& spec, const std::string& shape) {

@@ -50,6 +50,22 @@ std::vector<KernelCase> window_cases(int compute_capability = 0, const Kernels& 
 std::vector<KernelCase> varlen_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 // scores ~1e4, with a tight error bound
 std::vector<KernelCase> large_score_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+// The score modifications the matrices cross with shapes (the forward's,
+// the backward's and the KV-cache path's): each alone (ALiBi per head and per
+// batch entry) and all three. A cap of 1.5 bends the scaled scores of normal
+// inputs (about +-3), so softcap is not a no-op.
+struct ScoreModificationCase {
+  const char* label;
+  double softcap;
+  ProblemSpec::Alibi alibi;
+  bool sinks;
+  template <class Spec>
+  void apply(Spec& spec) const {  // ProblemSpec or KvCacheSpec
+    spec.softcap = softcap, spec.alibi = alibi, spec.sinks = sinks;
+  }
+};
+const std::vector<ScoreModificationCase>& score_modifications();
+
 // score modifications (softcap, ALiBi per head / per batch entry, sinks, all
 // three) x {none, causal with rows that see no key, a window, varlen}, GQA,
 // odd lengths, fp16/bf16 cycling, and fp32 where taken

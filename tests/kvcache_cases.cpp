@@ -208,32 +208,20 @@ std::vector<KvCacheCase> kvcache_sanitizer_cases(int compute_capability, const K
 }
 
 std::vector<KvCacheCase> kvcache_modification_cases(int compute_capability, const Kernels& kernels) {
-  // Each modification (softcap, ALiBi per head and per sequence, sinks, all
-  // three) on a paged cache with an append across a page boundary and 3
-  // splits (the sink joins once, in the combine), and on a contiguous one in
+  // Each modification (score_modifications: ALiBi per batch entry is per
+  // sequence here) on a paged cache with an append across a page boundary and
+  // 3 splits (the sink joins once, in the combine), and on a contiguous one in
   // one split (the split kernel adds it); causal, GQA, an empty sequence.
-  struct Modification {
-    const char* label;
-    double softcap;
-    ProblemSpec::Alibi alibi;
-    bool sinks;
-  };
-  using Alibi = ProblemSpec::Alibi;
-  const Modification modifications[] = {{"softcap", 1.5, Alibi::none, false},
-                                        {"alibi", 0.0, Alibi::per_head, false},
-                                        {"alibi_batch", 0.0, Alibi::per_batch, false},
-                                        {"sinks", 0.0, Alibi::none, true},
-                                        {"softcap_alibi_sinks", 1.5, Alibi::per_head, true}};
   std::vector<KvCacheCase> cases;
   for (const auto& kernel : kernels)
-    for (const Modification& m : modifications)
+    for (const ScoreModificationCase& m : score_modifications())
       for (const bool paged : {true, false}) {
         KvCacheSpec spec = spec_of({"", paged ? at::kBFloat16 : at::kHalf, 128, 2, 8, 2, true, paged ? 16 : 0, 3, false});
         spec.cache_seqlens = {0, 14, 300};
         spec.batch = 3;
         spec.capacity = 512;
         spec.num_splits = paged ? 3 : 1;
-        spec.softcap = m.softcap, spec.alibi = m.alibi, spec.sinks = m.sinks;
+        m.apply(spec);
         add_if_supported(cases, kernel,
                          std::string(m.label) + (paged ? "_bf16_paged16_splits3" : "_fp16_contiguous_splits1") +
                              "_d128_q2_h8_2_causal_new3",

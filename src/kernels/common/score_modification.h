@@ -58,7 +58,6 @@ FLASHLAB_HOST_DEVICE inline float score_tanh(float x) {
 
 template <bool kEnabled, bool kFastTanh = false, bool kPerElement = true>
 struct ScoreModifier {
-  static constexpr bool kAny = kEnabled;
   static constexpr bool kScores = kEnabled && kPerElement;  // softcap / ALiBi code present
   float softcap_score = 0.f;     // softcap / softmax_scale (0: off): s' = softcap_score * tanh(s / softcap_score)
   float softcap_inverse = 0.f;   // 1 / softcap_score
@@ -97,18 +96,10 @@ struct ScoreModifier {
     }
     return 1.f;
   }
-  // ds'/ds at raw score s.
-  FLASHLAB_HOST_DEVICE float gradient_factor(float s) const {
-    float factor;
-    (void)modified(s, 0, diagonal, factor);
-    return factor;
-  }
-
   // Per-element work, applied to whole fragments (below): each modification
   // that is on runs as its own loop behind a uniform branch (a sinks-only
   // problem pays nothing per element), and ALiBi's |distance| is one float
   // per fragment row minus a constant per element (FADD and an FFMA with |.|).
-  FLASHLAB_HOST_DEVICE bool per_element() const { return kScores && (softcap_score != 0.f || alibi_score_slope != 0.f); }
   FLASHLAB_HOST_DEVICE bool has_softcap() const { return kScores && softcap_score != 0.f; }
 
   // Fragments as mask.h's apply_row / apply_column name them: row `row`'s

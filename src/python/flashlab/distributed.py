@@ -505,22 +505,24 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen: int, softmax_sc
 # Ulysses: sequence shards <-> head shards by all-to-all.
 
 
-def _sequence_to_heads(x, group):
-    """(batch, rows, heads, d) sequence shards -> (batch, rows x world, heads / world, d)."""
+def _all_to_all(x, group, split_dim, cat_dim):
+    """x cut into world parts along split_dim, part j to rank j; the parts received
+    concatenated along cat_dim (in rank order)."""
     world = dist.get_world_size(group)
-    sent = [part.contiguous() for part in x.chunk(world, dim=2)]
+    sent = [part.contiguous() for part in x.chunk(world, dim=split_dim)]
     received = [torch.empty_like(sent[0]) for _ in range(world)]
     dist.all_to_all(received, sent, group=group)
-    return torch.cat(received, dim=1)
+    return torch.cat(received, dim=cat_dim)
+
+
+def _sequence_to_heads(x, group):
+    """(batch, rows, heads, d) sequence shards -> (batch, rows x world, heads / world, d)."""
+    return _all_to_all(x, group, split_dim=2, cat_dim=1)
 
 
 def _heads_to_sequence(x, group):
     """The inverse: (batch, rows x world, heads / world, d) -> (batch, rows, heads, d)."""
-    world = dist.get_world_size(group)
-    sent = [part.contiguous() for part in x.chunk(world, dim=1)]
-    received = [torch.empty_like(sent[0]) for _ in range(world)]
-    dist.all_to_all(received, sent, group=group)
-    return torch.cat(received, dim=2)
+    return _all_to_all(x, group, split_dim=1, cat_dim=2)
 
 
 class _UlyssesAttention(torch.autograd.Function):

@@ -5,10 +5,14 @@ heads or kv_heads, head_dim). ring_flash_attn_func passes the K/V shards around 
 ring (batch_isend_irecv: NCCL on GPUs, gloo on CPUs), one step per rank: at each step
 the rank attends its queries to the K/V it holds with a block operation that returns
 (out, lse), and merges the partial result by its LSE (merge_partial: the split-KV
-combine's rule). The next K/V travel while the current block computes (the backend's
-own asynchrony: no side stream of its own yet). GQA sends only the kv heads. The
-backward runs the same ring: each rank adds its dQ locally while dK/dV accumulators
-travel with the K/V they belong to, and go home in one last step.
+combine's rule). The next K/V travel while the current block computes: NCCL runs the
+transfers on its own stream, which waits for the tensors sent to be ready, and the
+compute stream waits for it only when the received K/V are used (request.wait() on a
+CUDA stream blocks no host thread). GQA sends only the kv heads. The backward runs the
+same ring: each rank adds its dQ locally; the K/V for the next step leave before the
+current block starts, and each block's dK/dV accumulator follows its K/V one step
+behind (in flight during the next block), gathering every rank's share, and reaches
+its owner after the last step.
 
 Causal attention uses the zigzag layout (zigzag_shard / zigzag_unshard): the sequence
 is cut into 2 x world chunks and rank r holds chunks r and 2 x world - 1 - r, so every
@@ -402,42 +406,45 @@ def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, la
 def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout):
     acc = _accumulator_dtype(q)
     dq = torch.zeros_like(q, dtype=acc)
-    # K, V and their gradient accumulators travel together; block `source`'s
-    # accumulators gather every rank's share on the way.
+    # Two transfers per step, each in flight while a block computes: the K/V the next
+    # step needs leave before this step's block starts, and block `source`'s dK/dV
+    # accumulator (every earlier rank's share of it) arrives during it; the accumulator
+    # leaves with this rank's share added, and after the last step it reaches its owner.
     k_cur, v_cur = k, v
-    dk_acc = torch.zeros_like(k, dtype=acc)
-    dv_acc = torch.zeros_like(v, dtype=acc)
+    gradient_requests, gradient_received = [], None
     for step in range(ring.world_size):
+        last = step + 1 == ring.world_size
+        kv_requests, kv_received = ring.start((k_cur, v_cur)) if not last else ([], None)
         source = (ring.rank - step) % ring.world_size
         part, block_causal = _step_shape(causal, ring.rank, source)
         if part == "all":
             dq_b, dk_b, dv_b = layout.backward(ops, dout, q, k_cur, v_cur, out, lse, block_causal, softmax_scale,
                                                part)
             dq += dq_b.to(acc)
-            dk_acc += dk_b.to(acc)
-            dv_acc += dv_b.to(acc)
         elif part == "keys_first":
             dq_b, dk_b, dv_b = layout.backward(ops, dout, q, layout.first(k_cur), layout.first(v_cur), out, lse,
                                                False, softmax_scale, part)
             dq += dq_b.to(acc)
-            layout.add_first(dk_acc, dk_b.to(acc))
-            layout.add_first(dv_acc, dv_b.to(acc))
         else:
             dq_b, dk_b, dv_b = layout.backward(ops, layout.second(dout), layout.second(q), k_cur, v_cur,
                                                layout.second(out), layout.second_lse(lse), False, softmax_scale,
                                                part)
             layout.add_second(dq, dq_b.to(acc))
+        ring.wait(gradient_requests)
+        dk_acc, dv_acc = gradient_received if gradient_received is not None else \
+            (torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc))
+        if part == "keys_first":
+            layout.add_first(dk_acc, dk_b.to(acc))
+            layout.add_first(dv_acc, dv_b.to(acc))
+        else:
             dk_acc += dk_b.to(acc)
             dv_acc += dv_b.to(acc)
-        # On to the next rank: K/V for its next step, the accumulators with them;
-        # after the last step only the accumulators, which reach their owner.
-        last = step + 1 == ring.world_size
-        requests, received = ring.start((dk_acc, dv_acc) if last else (k_cur, v_cur, dk_acc, dv_acc))
-        ring.wait(requests)
-        if last:
-            dk_acc, dv_acc = received
-        else:
-            k_cur, v_cur, dk_acc, dv_acc = received
+        gradient_requests, gradient_received = ring.start((dk_acc, dv_acc))
+        ring.wait(kv_requests)
+        if kv_received is not None:
+            k_cur, v_cur = kv_received
+    ring.wait(gradient_requests)
+    dk_acc, dv_acc = gradient_received
     return dq.to(q.dtype), dk_acc.to(k.dtype), dv_acc.to(v.dtype)
 
 

@@ -9,9 +9,12 @@ option(FLASHLAB_BUILD_PYTHON "Build the flashlab Python package's extension (lib
 
 if(FLASHLAB_BUILD_PYTHON)
   # The op library and its kernel libraries go into a shared object.
-  set_target_properties(flashlab PROPERTIES POSITION_INDEPENDENT_CODE ON)
-  add_library(flashlab_ops SHARED src/python/flashlab_ops.cpp)
-  target_link_libraries(flashlab_ops PRIVATE flashlab)
+  # flashlab.testing's operators (flashlab_testing_ops.cpp) are the harness's
+  # entries, so the harness (and the developer kernels it runs: planted bugs)
+  # goes into the shared object too.
+  set_target_properties(flashlab flashlab_harness PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  add_library(flashlab_ops SHARED src/python/flashlab_ops.cpp src/python/flashlab_testing_ops.cpp)
+  target_link_libraries(flashlab_ops PRIVATE flashlab flashlab_harness)
   set_target_properties(flashlab_ops PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/python"
     # torch's libraries are loaded by `import torch` before this one; cudart is

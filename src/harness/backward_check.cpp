@@ -252,6 +252,52 @@ std::vector<GradientElement> gradient_elements(const ProblemSpec& spec, const st
   return shown;
 }
 
+BackwardCheckResult backward_check_result(const std::string& name, const TileShape& tiles,
+                                          const TileShape& backward_tiles, const ProblemSpec& spec,
+                                          const ProblemInputs& inputs, const ForwardOutputs& outputs,
+                                          const at::Tensor& dout, const Gradients& gradients,
+                                          const ForwardReference& forward_reference,
+                                          const BackwardReference& backward_reference,
+                                          const std::vector<int>& show_element) {
+  const AttentionParams params = forward_params(spec, inputs);
+  BackwardCheckResult result;
+  result.kernel = name;
+  result.problem = spec.describe();
+  result.dout_seed = dout_seed(spec.seed);
+  result.tiles = tiles;
+  result.backward_tiles = backward_tiles;
+  result.backward_tiles_known = true;
+  result.forward_tolerance = forward_tolerance(spec, forward_reference);
+  result.backward_tolerance = backward_tolerance(spec, backward_reference);
+  const CheckResult forward = forward_check_result(name, tiles, spec, inputs, outputs, forward_reference);
+  result.out = forward.out;
+  result.lse = forward.lse;
+  result.lse_checked = forward.lse_checked;
+  GradientComparison gradient_reports =
+      compare_backward(spec, params, backward_tiles, gradients, backward_reference, result.backward_tolerance);
+  result.dq = std::move(gradient_reports.dq);
+  result.dk = std::move(gradient_reports.dk);
+  result.dv = std::move(gradient_reports.dv);
+  result.dsinks = std::move(gradient_reports.dsinks);
+  const ReferenceGradients& exact = backward_reference.reference;
+  if (!show_element.empty())
+    result.shown = gradient_elements(spec, show_element, gradients, {exact.dq, exact.dk, exact.dv});
+  // NaN/inf in a gradient: where the first one is and whether its row's inputs were finite.
+  bool nonfinite_gradient = result.dsinks && result.dsinks->nan_count + result.dsinks->inf_count > 0;
+  for (const ComparisonReport* report : {&result.dq, &result.dk, &result.dv})
+    nonfinite_gradient |= report->nan_count + report->inf_count > 0;
+  if (nonfinite_gradient) {
+    if (!result.out.nonfinite && !result.lse.nonfinite)  // forward_check_result explains its own
+      explain_forward_nonfinite(result.out, result.lse, outputs, forward_reference,
+                                origin_inputs(spec, inputs, params));
+    const OriginInputs origin = origin_inputs(spec, inputs, params, dout);
+    explain_nonfinite(result.dq, gradients.dq, exact.dq, origin, RowKind::query);
+    explain_nonfinite(result.dk, gradients.dk, exact.dk, origin, RowKind::key);
+    explain_nonfinite(result.dv, gradients.dv, exact.dv, origin, RowKind::key);
+  }
+  return result;
+}
+
 namespace {
 
 // check_backward's steps (check_pipeline.h): the kernel's own forward, then
@@ -290,49 +336,15 @@ struct BackwardCheck {
   }
   static Result compare(const KernelVariant& kernel, const Spec& spec, const Inputs& inputs, const Run& run,
                         const Reference& reference, const Options& options) {
-    const AttentionParams params = forward_params(spec, inputs);
-    BackwardCheckResult result;
-    result.kernel = kernel.name;
-    result.problem = spec.describe();
-    result.dout_seed = dout_seed(spec.seed);
-    result.deterministic = options.deterministic;
-    result.tiles = kernel.tile_shape(params);
     const AttentionBackwardParams backward =
         backward_params(spec, inputs, run.outputs, run.dout, run.gradients, options.deterministic);
-    result.backward_tiles = backward_tile_shape(kernel, backward);
+    BackwardCheckResult result = backward_check_result(
+        kernel.name, kernel.tile_shape(forward_params(spec, inputs)), backward_tile_shape(kernel, backward), spec,
+        inputs, run.outputs, run.dout, run.gradients, reference.forward, reference.backward, options.show_element);
+    result.deterministic = options.deterministic;
     result.backward_tiles_known = kernel.backward_tile_shape != nullptr;
     if (kernel.backward_workspace_bytes != nullptr)
       result.workspace_bytes = static_cast<int64_t>(kernel.backward_workspace_bytes(backward));
-    result.forward_tolerance = forward_tolerance(spec, reference.forward);
-    result.backward_tolerance = backward_tolerance(spec, reference.backward);
-    ForwardComparison forward = compare_forward(spec, params, result.tiles, run.outputs, reference.forward,
-                                                result.forward_tolerance);
-    GradientComparison gradient_reports = compare_backward(spec, params, result.backward_tiles, run.gradients,
-                                                           reference.backward, result.backward_tolerance);
-    result.out = std::move(forward.out);
-    result.lse = std::move(forward.lse);
-    result.dq = std::move(gradient_reports.dq);
-    result.dk = std::move(gradient_reports.dk);
-    result.dv = std::move(gradient_reports.dv);
-    result.dsinks = std::move(gradient_reports.dsinks);
-    if (!options.show_element.empty())
-      result.shown = gradient_elements(
-          spec, options.show_element, run.gradients,
-          {reference.backward.reference.dq, reference.backward.reference.dk, reference.backward.reference.dv});
-    // NaN/inf: where the first one is and whether its row's inputs were finite.
-    bool any_nonfinite = false;
-    for (const ComparisonReport* report : {&result.out, &result.lse, &result.dq, &result.dk, &result.dv})
-      any_nonfinite |= report->nan_count + report->inf_count > 0;
-    if (result.dsinks) any_nonfinite |= result.dsinks->nan_count + result.dsinks->inf_count > 0;
-    if (any_nonfinite) {
-      explain_forward_nonfinite(result.out, result.lse, run.outputs, reference.forward,
-                                origin_inputs(spec, inputs, params));
-      const OriginInputs origin = origin_inputs(spec, inputs, params, run.dout);
-      const ReferenceGradients& exact = reference.backward.reference;
-      explain_nonfinite(result.dq, run.gradients.dq, exact.dq, origin, RowKind::query);
-      explain_nonfinite(result.dk, run.gradients.dk, exact.dk, origin, RowKind::key);
-      explain_nonfinite(result.dv, run.gradients.dv, exact.dv, origin, RowKind::key);
-    }
     return result;
   }
   static void time(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
@@ -364,7 +376,7 @@ std::string BackwardCheckResult::format() const {
        << "problem " << problem << "\n"
        << "dout    normal(0, 1), MT19937 seed " << dout_seed << "\n"
        << "out: " << tolerance_text(forward_tolerance.out, "flash-attn's fwd_atol") << "\n"
-       << out.format() << lse.format();
+       << out.format() << (lse_checked ? lse.format() : "lse: not returned, not compared\n");
   const std::pair<const ComparisonReport*, const Tolerance*> gradients[] = {
       {&dq, &backward_tolerance.dq}, {&dk, &backward_tolerance.dk}, {&dv, &backward_tolerance.dv}};
   for (const auto& [report, tolerance] : gradients)
@@ -395,7 +407,7 @@ std::string BackwardCheckResult::to_json() const {
        << workspace_bytes << ", \"forward_ms\": " << time(forward_ms) << ", \"backward_ms\": "
        << time(backward_ms) << ", \"tensors\": {\"out\": "
        << tensor_json(out, forward_tolerance.out) << ", \"lse\": "
-       << tensor_json(lse, forward_tolerance.lse) << ", \"dq\": "
+       << (lse_checked ? tensor_json(lse, forward_tolerance.lse) : "null") << ", \"dq\": "
        << tensor_json(dq, backward_tolerance.dq) << ", \"dk\": "
        << tensor_json(dk, backward_tolerance.dk) << ", \"dv\": "
        << tensor_json(dv, backward_tolerance.dv);

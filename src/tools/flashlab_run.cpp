@@ -23,6 +23,7 @@
 #include "flashlab/harness/locate.h"
 #include "flashlab/harness/memory_report.h"
 #include "flashlab/harness/problem.h"
+#include "flashlab/harness/problem_options.h"
 #include "flashlab/harness/tile_trace.h"
 
 namespace {
@@ -103,10 +104,8 @@ flashlab::KvCacheSpec kvcache_spec(const flashlab::ProblemSpec& spec, bool seqle
 // (printed here; exit 0).
 std::optional<Arguments> parse_arguments(int argc, char** argv) {
   Arguments arguments;
-  auto& spec = arguments.spec;
-  bool kv_heads_given = false, seqlen_k_given = false, seed_given = false;
-  bool fixed_length_given = false;  // --batch, --seqlen-q or --seqlen-k
-  bool seqlen_q_given = false;
+  flashlab::ProblemOptions problem;  // the problem's options: arguments.spec once finished
+  auto& spec = problem.spec;
   bool list_kernels = false;
   // --kvcache's own options.
   std::optional<std::string> cache_seqlens;
@@ -122,64 +121,11 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       .option("--kernel", "NAME",
               "a registered kernel, a developer kernel (planted bug, tuning) or auto (default auto)",
               [&](const std::string& v) { spec.kernel = v; })
-      .flag("--list-kernels", "list the registered and developer kernels", [&] { list_kernels = true; })
-      .option("--batch", "B", "(default 2)",
-              [&](const std::string& v) { spec.batch = parse_int("--batch", v, 1, kIntMax), fixed_length_given = true; })
-      .option("--heads", "H", "query heads (default 8)",
-              [&](const std::string& v) { spec.heads = parse_int("--heads", v, 1, kIntMax); })
-      .option("--kv-heads", "HKV", "key/value heads, H % HKV == 0 (default: H)", [&](const std::string& v) {
-        spec.kv_heads = parse_int("--kv-heads", v, 1, kIntMax), kv_heads_given = true;
-      })
-      .option("--seqlen-q", "SQ", "(default 113)", [&](const std::string& v) {
-        spec.seqlen_q = parse_int("--seqlen-q", v, 1, kIntMax), fixed_length_given = true, seqlen_q_given = true;
-      })
-      .option("--seqlen-k", "SK", "(default: SQ)", [&](const std::string& v) {
-        spec.seqlen_k = parse_int("--seqlen-k", v, 1, kIntMax), seqlen_k_given = true, fixed_length_given = true;
-      })
-      .option("--seqlens", "L1,L2,...",
-              "variable-length batch: per-sequence query lengths (>= 0; replaces\n--batch, --seqlen-q "
-              "and --seqlen-k), inputs packed (total, H, D)",
-              [&](const std::string& v) { spec.seqlens_q = flashlab::parse_int_list("--seqlens", v, 0, kIntMax); })
-      .option("--seqlens-k", "L1,L2,...", "per-sequence key lengths, as many as --seqlens (default: --seqlens)",
-              [&](const std::string& v) { spec.seqlens_k = flashlab::parse_int_list("--seqlens-k", v, 0, kIntMax); })
-      .option("--head-dim", "D", "(default 64)",
-              [&](const std::string& v) { spec.head_dim = parse_int("--head-dim", v, 1, kIntMax); })
-      .option("--dtype", "fp32|fp16|bf16", "(default fp16)",
-              [&](const std::string& v) { spec.dtype = flashlab::parse_dtype("--dtype", v); })
-      .flag("--causal", "bottom-right aligned causal mask", [&] { spec.causal = true; })
-      .option("--window-left", "N", "sliding window, -1 = unbounded (default -1)",
-              [&](const std::string& v) { spec.window_left = parse_int("--window-left", v, -1, kIntMax); })
-      .option("--window-right", "N", "(default -1)",
-              [&](const std::string& v) { spec.window_right = parse_int("--window-right", v, -1, kIntMax); })
-      .option("--softmax-scale", "X", "(default 1/sqrt(D))",
-              [&](const std::string& v) { spec.softmax_scale = flashlab::parse_number("--softmax-scale", v); })
-      .option("--softcap", "X",
-              "cap the scaled scores at X * tanh(s / X) (flash-attn's softcap; 0 = off)",
-              [&](const std::string& v) { spec.softcap = flashlab::parse_number("--softcap", v); })
-      .option("--alibi", "per-head|per-batch",
-              "ALiBi slopes 2^(-8 (h + 1) / H), per head, or per batch entry and head\n(times (b + 1) / B)",
-              [&](const std::string& v) {
-                spec.alibi = flashlab::parse_choice<flashlab::ProblemSpec::Alibi>(
-                    "--alibi", v,
-                    {{"per-head", flashlab::ProblemSpec::Alibi::per_head},
-                     {"per-batch", flashlab::ProblemSpec::Alibi::per_batch}});
-              })
-      .flag("--sinks", "a sink logit per head, normal(0, 1) from the seed, in every row's softmax\ndenominator (--backward also checks dsinks)",
-            [&] { spec.sinks = true; })
+      .flag("--list-kernels", "list the registered and developer kernels", [&] { list_kernels = true; });
+  flashlab::add_problem_options(parser, problem);
+  parser
       .option("--device", "N", "the CUDA device to run on (default: the current one, 0 unless\nCUDA_VISIBLE_DEVICES says otherwise)",
               [&](const std::string& v) { arguments.device = parse_int("--device", v, 0, kIntMax); })
-      .option("--seed", "N", "(default: a fresh seed, printed so the run can be repeated)",
-              [&](const std::string& v) {
-                spec.seed = static_cast<uint64_t>(flashlab::parse_integer("--seed", v, 0));
-                seed_given = true;
-              })
-      .option("--layout", "bshd|packed-qkv", "packed-qkv: Q, K, V are views of one (B, S, H+2*HKV, D) tensor",
-              [&](const std::string& v) {
-                spec.layout = flashlab::parse_choice<flashlab::Layout>(
-                    "--layout", v, {{"bshd", flashlab::Layout::bshd}, {"packed-qkv", flashlab::Layout::packed_qkv}});
-              })
-      .flag("--float64-reference", "compare against a float64 reference (always for fp32)",
-            [&] { spec.float64_reference = true; })
       .option("--repeat", "N", "timed launches for the median kernel time (default 20, 0 = no timing)",
               [&](const std::string& v) { arguments.repeat = parse_int("--repeat", v, 0, kIntMax); })
       .flag("--json", "print one JSON object last", [&] { arguments.json = true; })
@@ -277,23 +223,9 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     return std::nullopt;
   }
   using flashlab::ArgumentError;
-  if (!kv_heads_given) spec.kv_heads = spec.heads;
-  if (!seqlen_k_given) spec.seqlen_k = spec.seqlen_q;
-  if (!seed_given) spec.seed = std::random_device{}() % 1000000;
-  if (!spec.seqlens_k.empty() && spec.seqlens_q.empty())
-    throw ArgumentError("--seqlens-k needs --seqlens (the query lengths)");
-  if (spec.is_varlen()) {
-    if (fixed_length_given)
-      throw ArgumentError("--seqlens replaces --batch, --seqlen-q and --seqlen-k; give one or the other");
-    if (spec.key_seqlens().size() != spec.seqlens_q.size())
-      throw ArgumentError("--seqlens-k must give as many lengths as --seqlens; got " +
-                          std::to_string(spec.seqlens_k.size()) + " and " +
-                          std::to_string(spec.seqlens_q.size()));
-    if (spec.layout == flashlab::Layout::packed_qkv && spec.key_seqlens() != spec.seqlens_q)
-      throw ArgumentError("--layout packed-qkv needs --seqlens-k equal to --seqlens");
-    if (arguments.trace_tiles || arguments.memory)
-      throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
-  }
+  flashlab::finish_problem_options(problem);
+  if (spec.is_varlen() && (arguments.trace_tiles || arguments.memory))
+    throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
   if (kvcache_option_given && !arguments.kvcache)
     throw ArgumentError("--cache-seqlens, --page-size, --num-splits, --append, --cpu-reference and --timeline go "
                         "with --kvcache");
@@ -307,21 +239,16 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
     if (arguments.backward || arguments.trace_tiles || !arguments.locate.empty())
       throw ArgumentError("--kvcache checks the decoding forward; it takes no --backward, --trace-tiles or --locate");
     arguments.kvcache_spec =
-        kvcache_spec(spec, seqlen_q_given, seqlen_k_given, cache_seqlens, page_size, num_splits, append,
+        kvcache_spec(spec, problem.seqlen_q_given, problem.seqlen_k_given, cache_seqlens, page_size, num_splits, append,
                      cpu_reference);
     if (!arguments.timeline_csv.empty() && !std::ofstream(arguments.timeline_csv))
       throw ArgumentError("cannot write --timeline-csv " + arguments.timeline_csv +
                           " (a file path in a writable directory)");
   }
-  if (!spec.is_varlen() && spec.layout == flashlab::Layout::packed_qkv &&
-      spec.seqlen_q != spec.seqlen_k)
-    throw ArgumentError("--layout packed-qkv needs --seqlen-q == --seqlen-k");
   if (!arguments.show_state.empty() && !arguments.trace_tiles)
     throw ArgumentError("--show-state goes with --trace-tiles");
   if (arguments.deterministic && !arguments.backward)
     throw ArgumentError("--deterministic goes with --backward");
-  if (spec.softcap < 0.0)
-    throw ArgumentError("--softcap must be >= 0 (0 = off); got " + std::to_string(spec.softcap));
   if (spec.modified() && (arguments.trace_tiles || arguments.memory))
     throw ArgumentError("--softcap, --alibi and --sinks go with the forward, --backward and --kvcache checks "
                         "and --locate (not --trace-tiles: traces are recorded without modifications; not "
@@ -336,6 +263,7 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   }
   if (arguments.backward && arguments.trace_tiles)
     throw ArgumentError("--trace-tiles traces the forward's tile states; leave out --backward");
+  arguments.spec = spec;
   return arguments;
 }
 

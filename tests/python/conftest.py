@@ -6,6 +6,9 @@ import os
 import pytest
 import torch
 
+# flashlab.testing's fixtures (flashlab_check, flashlab_check_backward), as a user enables them.
+pytest_plugins = ["flashlab.testing.pytest_plugin"]
+
 FULL_MATRIX = os.environ.get("FLASHLAB_FULL_MATRIX", "") not in ("", "0")
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),

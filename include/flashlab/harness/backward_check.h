@@ -148,8 +148,10 @@ struct BackwardCheckResult {
   double forward_ms = -1, backward_ms = -1;  // medians over the timed launches, when timed
   std::vector<GradientElement> shown;        // BackwardCheckOptions::show_element
 
+  bool lse_checked = true;  // false: the code checked returned no LSE (backward_check_result)
+
   bool passed() const {
-    return out.passed() && lse.passed() && dq.passed() && dk.passed() && dv.passed() &&
+    return out.passed() && (!lse_checked || lse.passed()) && dq.passed() && dk.passed() && dv.passed() &&
            (!dsinks || dsinks->passed());
   }
   std::string format() const;
@@ -160,5 +162,17 @@ struct BackwardCheckResult {
 };
 
 BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckOptions& options = {});
+
+// check_backward's compare step for outputs and gradients from any code
+// (flashlab.testing checks a user's Python function with it): the report names
+// `name`, the forward's `tiles` and the backward's `backward_tiles`; dout is
+// make_dout's. outputs.lse undefined: no LSE is compared (lse_checked false).
+BackwardCheckResult backward_check_result(const std::string& name, const TileShape& tiles,
+                                          const TileShape& backward_tiles, const ProblemSpec& spec,
+                                          const ProblemInputs& inputs, const ForwardOutputs& outputs,
+                                          const at::Tensor& dout, const Gradients& gradients,
+                                          const ForwardReference& forward_reference,
+                                          const BackwardReference& backward_reference,
+                                          const std::vector<int>& show_element = {});
 
 }  // namespace flashlab

@@ -229,10 +229,19 @@ struct CheckResult {
   double ref_err = 0;      // max |torch same-precision math - reference| on the output
   double storage_err = 0;  // flash-attn's fwd_atol: 2 max |((ref + 0.3) - 0.3) - ref| in the input dtype
   double kernel_ms = -1;   // median over the timed launches, when timed
-  bool passed() const { return out.passed() && lse.passed(); }
+  bool lse_checked = true;  // false: the code checked returned no LSE (forward_check_result)
+  bool passed() const { return out.passed() && (!lse_checked || lse.passed()); }
   std::string format() const;
   std::string to_json() const;
 };
+
+// The forward check's compare step for outputs from any code: check_kernel's
+// report (tolerances, element comparison, NaN/inf origin) naming `name` and
+// its `tiles`. outputs.lse undefined: no LSE is compared (lse_checked false).
+// flashlab.testing checks a user's Python function with it.
+CheckResult forward_check_result(const std::string& name, const TileShape& tiles, const ProblemSpec& spec,
+                                 const ProblemInputs& inputs, const ForwardOutputs& outputs,
+                                 const ForwardReference& reference);
 
 struct CheckOptions {
   int timed_launches = 0;  // > 0: also time the kernel (median of this many launches)

@@ -1,0 +1,246 @@
+"""check / check_backward: a user's attention function against the harness's reference."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from ._problem import Problem
+
+
+class CheckFailed(AssertionError):
+    """A check that did not pass; str() is the report."""
+
+
+class Report:
+    """What flashlab-run prints for a check, from the same C++ code: `text` (str(report)),
+    `data` (the JSON object, as flashlab-run --json prints it), `passed`."""
+
+    def __init__(self, text: str, data_json: str, problem: Problem, direction: str):
+        self.text = text
+        self.data = json.loads(data_json)
+        self.problem = problem
+        self.direction = direction
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.data["passed"])
+
+    def tensor(self, name: str) -> Optional[dict]:
+        """One tensor's comparison ("out", "lse", "dq", "dk", "dv", "dsinks") as a dict:
+        max_abs_err, tolerance, first_bad {batch, row, head, col, query_tile, key_tiles, ...}.
+        The forward's report holds out (and lse fields prefixed lse_)."""
+        if "tensors" in self.data:
+            return self.data["tensors"].get(name)
+        if name == "out":
+            return self.data
+        return None
+
+    @property
+    def first_bad(self) -> Optional[dict]:
+        """The first element over the tolerance in the first tensor that failed, with its name."""
+        if "tensors" in self.data:
+            for name, tensor in self.data["tensors"].items():
+                if tensor and tensor.get("first_bad"):
+                    return dict(tensor["first_bad"], tensor=name)
+            return None
+        for name, key in (("out", "first_bad"), ("lse", "lse_first_bad")):
+            if self.data.get(key):
+                return dict(self.data[key], tensor=name)
+        return None
+
+    def to_json(self) -> str:
+        return json.dumps(dict(self.data, direction=self.direction, command=self.problem.command()))
+
+    def assert_passed(self) -> "Report":
+        if not self.passed:
+            raise CheckFailed("\n" + self.text + f"repeat with: {self.problem.command()}"
+                              + (" --backward" if self.direction == "backward" else ""))
+        return self
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Report({'PASSED' if self.passed else 'FAILED'}, {self.problem.describe()})"
+
+
+def _name_of(fn) -> str:
+    module = getattr(fn, "__module__", None) or ""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return f"{module}.{name}" if module and module != "__main__" else name
+
+
+def _poison_allocator(like, device: torch.device):
+    """Leaves NaN in the CUDA caching allocator's free blocks of these (shape, dtype) sizes,
+    so an output the function allocates with torch.empty most likely starts as NaN, and an
+    element it never writes fails (the CPU allocator keeps no blocks: there only an `out`
+    argument is poisoned)."""
+    if device.type != "cuda":
+        return
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device=device) for shape, dtype in like]
+    del blocks
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+
+
+def _lse_shape(problem: Problem):
+    if problem.varlen:
+        return (problem.q.shape[1], problem.q.shape[0])
+    return (problem.q.shape[0], problem.q.shape[2], problem.q.shape[1])
+
+
+def _bhsd(x):
+    return x.transpose(1, 2)
+
+
+def _run(fn, problem: Problem, q, k, v, layout: str, sinks=None):
+    """Calls fn as `check` documents; returns (out (batch, seqlen, heads, d), lse or None)."""
+    if layout not in ("bshd", "bhsd"):
+        raise ValueError(f"flashlab.testing: layout {layout!r}; accepted: 'bshd' (flash-attn's (batch, seqlen, "
+                         "heads, head_dim)), 'bhsd' ((batch, heads, seqlen, head_dim), as SDPA and Triton's "
+                         "tutorial take)")
+    if layout == "bhsd" and problem.varlen:
+        raise ValueError("flashlab.testing: layout 'bhsd' takes fixed-length problems; a varlen problem's rows "
+                         "are packed (total, heads, head_dim)")
+    positional, keywords = problem.call_arguments()
+    positional[:3] = [q, k, v] if layout == "bshd" else [_bhsd(q), _bhsd(k), _bhsd(v)]
+    if sinks is not None:
+        keywords["sinks"] = sinks
+    out_shape = positional[0].shape
+    _poison_allocator([(out_shape, problem.dtype), (_lse_shape(problem), torch.float32),
+                       (out_shape, torch.float32)], problem.device)
+    if _accepts(fn, "out") and "out" not in keywords:
+        keywords["out"] = torch.full(out_shape, float("nan"), dtype=problem.dtype, device=problem.device)
+    result = fn(*positional, **keywords)
+    if isinstance(result, (tuple, list)):
+        out = result[0]
+        lse = result[1] if len(result) > 1 and isinstance(result[1], torch.Tensor) else None
+    else:
+        out, lse = result, None
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"flashlab.testing: the function returned {type(result).__name__}; expected out, or "
+                        "(out, lse, ...) with out a tensor")
+    if layout == "bhsd":
+        out = _bhsd(out)
+    return out, lse
+
+
+def _lse_natural(lse, lse_units: str):
+    if lse is None:
+        return None
+    if lse_units == "natural":
+        return lse
+    if lse_units == "log2":
+        return lse.float() * math.log(2.0)
+    raise ValueError(f"flashlab.testing: lse_units {lse_units!r}; accepted: 'natural', 'log2'")
+
+
+def check(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0), name: Optional[str] = None,
+          layout: str = "bshd", lse_units: str = "natural", raise_on_failure: bool = False) -> Report:
+    """Runs fn on the problem's inputs and compares its output with the reference under the
+    project's pass rule (at most twice torch's same-precision math error, plus flash-attn's
+    atol), as flashlab-run does for a registered kernel: the report names the largest error,
+    the tolerance and why, the first bad element (batch, row, head, column) and, with `tile`
+    = (block_m, block_n) of your kernel, its query tile and the key tiles that row visits,
+    and where a NaN/inf came from.
+
+    fn takes flash-attn's arguments: fn(q, k, v, causal=, softmax_scale=) (plus window_size,
+    softcap, alibi_slopes, sinks when the problem has them; varlen problems add
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k after v) and returns out or
+    (out, lse, ...). q (batch, seqlen, heads, head_dim) unless layout="bhsd" (then q, k, v
+    and out are (batch, heads, seqlen, head_dim) views). lse (batch, heads, seqlen_q) float,
+    natural log unless lse_units="log2"; without it only out is compared. Outputs are
+    poisoned: fn's `out` argument if it has one, else NaN left in the CUDA allocator's
+    blocks of the output's size, so unwritten elements fail."""
+    if isinstance(fn, str):  # a flashlab kernel by name, through the harness's run step
+        out, lse = run_kernel(fn, problem)
+    else:
+        out, lse = _run(fn, problem, *_copies(problem), layout)
+        lse = _lse_natural(lse, lse_units)
+    if problem.device.type == "cuda":
+        torch.cuda.synchronize(problem.device)
+    text, data = torch.ops.flashlab.testing_check(problem.arguments, problem.tensors, out.detach(),
+                                                  None if lse is None else lse.detach(), name or _name_of(fn),
+                                                  int(tile[0]), int(tile[1]))
+    report = Report(text, data, problem, "forward")
+    return report.assert_passed() if raise_on_failure else report
+
+
+def _copies(problem: Problem, requires_grad: bool = False):
+    """q, k, v for the user's function: copies with the problem's strides (packed-qkv stays
+    three views of one buffer), so the reference's inputs stay as drawn whatever the
+    function writes; with requires_grad, a function from the copies' leaves' grads to dq, dk, dv."""
+    q, k, v = problem.q, problem.k, problem.v
+    base = q._base
+    if base is not None and k._base is base and v._base is base:
+        leaf = base.detach().clone().requires_grad_(requires_grad)
+        views = [torch.as_strided(leaf, x.shape, x.stride(), x.storage_offset()) for x in (q, k, v)]
+        grads = lambda: [None if leaf.grad is None else torch.as_strided(  # noqa: E731
+            leaf.grad, x.shape, x.stride(), x.storage_offset()) for x in (q, k, v)]
+    else:
+        views = [x.detach().clone().requires_grad_(requires_grad) for x in (q, k, v)]
+        grads = lambda: [x.grad for x in views]  # noqa: E731
+    return (views, grads) if requires_grad else views
+
+
+def _autograd_run(fn, problem: Problem, layout: str):
+    (q, k, v), gradients_of = _copies(problem, requires_grad=True)
+    sinks = problem.sinks.detach().clone().requires_grad_() if problem.sinks is not None else None
+    out, lse = _run(fn, problem, q, k, v, layout, sinks=sinks)
+    if out.grad_fn is None:
+        raise TypeError("flashlab.testing.check_backward: the function's output has no grad_fn; it needs a "
+                        "differentiable function (an autograd.Function, or torch operations on q, k, v)")
+    _poison_allocator([(x.shape, x.dtype) for x in (problem.q, problem.k, problem.v)], problem.device)
+    out.backward(problem.dout)
+    nan_like = lambda x: torch.full_like(x, float("nan"))  # noqa: E731
+    dq, dk, dv = [g if g is not None else nan_like(x) for g, x in zip(gradients_of(), (q, k, v))]
+    dsinks = None
+    if sinks is not None:
+        dsinks = sinks.grad if sinks.grad is not None else nan_like(sinks)
+    return out, lse, dq, dk, dv, dsinks
+
+
+def check_backward(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0), name: Optional[str] = None,
+                   layout: str = "bshd", lse_units: str = "natural", raise_on_failure: bool = False) -> Report:
+    """check for the gradients: fn as for check, differentiable (an autograd.Function or
+    torch code); out.backward(problem.dout) gives dq, dk, dv (and dsinks with sinks), each
+    compared with autograd through the float32 (float64 for fp32) reference under the
+    gradients' rule (three times torch's same-precision error, plus the atol). A gradient fn
+    never produces is NaN in the report. The report names the first bad element of each
+    tensor, key rows for dk/dv with the query tiles that touch them."""
+    if isinstance(fn, str):  # a flashlab kernel by name, through the harness's run steps
+        out, lse, dq, dk, dv, dsinks = run_kernel(fn, problem, backward=True)
+    else:
+        out, lse, dq, dk, dv, dsinks = _autograd_run(fn, problem, layout)
+        lse = _lse_natural(lse, lse_units)
+    if problem.device.type == "cuda":
+        torch.cuda.synchronize(problem.device)
+    text, data = torch.ops.flashlab.testing_check_backward(
+        problem.arguments, problem.tensors, problem.dout, out.detach(), None if lse is None else lse.detach(),
+        dq, dk, dv, dsinks,
+        name or _name_of(fn), int(tile[0]), int(tile[1]))
+    report = Report(text, data, problem, "backward")
+    return report.assert_passed() if raise_on_failure else report
+
+
+def run_kernel(kernel: str, problem: Problem, backward: bool = False):
+    """A flashlab kernel, registered or a developer one (fa2_mma_sm80_planted_bug, ...), on the
+    problem's inputs through the harness's own run step (outputs poisoned with NaN): (out,
+    lse), or with backward (out, lse, dq, dk, dv, dsinks or None). check(kernel_name, problem)
+    uses it. For comparing a kernel with yours on the
+    same inputs, and for checking that flashlab-run and check agree."""
+    tensors = torch.ops.flashlab.testing_run_kernel(problem.arguments, kernel, backward)
+    if not backward:
+        return tuple(tensors)
+    return tuple(tensors[:5]) + (tensors[5] if problem.sinks is not None else None,)

@@ -36,7 +36,8 @@ The block operation is pluggable (BlockOps): flashlab_block_ops runs flashlab's
 kernels (torch.ops.flashlab.fwd / bwd and their varlen forms: the backward of a block
 given the final out and lse is exactly a block's share of the gradients);
 reference_block_ops is plain torch math (the CPU tests run the schemes with it on
-gloo). Not built yet: the benchmark. Nothing here has run on a GPU yet.
+gloo). scripts/bench_distributed.py (torchrun) times the ring and Ulysses against torch's
+context_parallel over SDPA. Nothing here has run on a GPU yet.
 """
 
 from __future__ import annotations

@@ -67,5 +67,14 @@ if(FLASHLAB_BUILD_PYTHON)
         LABELS ${label} TIMEOUT 600 ENVIRONMENT "${pytest_environment}"
         SKIP_REGULAR_EXPRESSION "${pytest_all_skipped}")
     endforeach()
+    # The Triton example (examples/triton) against its own reference and through
+    # flashlab.testing; without a GPU in Triton's CPU interpreter, skipped without
+    # triton (or numpy, which the interpreter needs).
+    add_test(NAME triton_example
+             COMMAND "${FLASHLAB_PYTHON}" "${PROJECT_SOURCE_DIR}/tests/python/run_pytest.py"
+                     "${PROJECT_SOURCE_DIR}/examples/triton" -p no:cacheprovider -rs)
+    set_tests_properties(triton_example PROPERTIES
+      LABELS cpu TIMEOUT 900 ENVIRONMENT "${pytest_environment}"
+      SKIP_REGULAR_EXPRESSION "${pytest_all_skipped}")
   endif()
 endif()

@@ -5,7 +5,8 @@
 #  - CMake >= 3.28 and Ninja: the system's when new enough, else into the .venv;
 #  - GoogleTest and Google Benchmark: Debian's libgtest-dev / libbenchmark-dev
 #    when their headers are missing;
-#  - pytest and scikit-build-core (the Python package's tests and build backend).
+#  - pytest, numpy (Triton's CPU interpreter for the Triton example's tests) and
+#    scikit-build-core (the Python package's tests and build backend).
 # Prints what it found. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,6 +77,16 @@ elif "$python" -m pip install --quiet pytest; then
   log "installed pytest into $python"
 else
   log "warning: could not install pytest for $python: the Python tests will report skipped"
+fi
+
+# 4b. numpy, for Triton's CPU interpreter: the Triton example's tests (ctest
+#     triton_example) run its kernels on the CPU without a GPU; they skip without it.
+if "$python" -c 'import numpy' >/dev/null 2>&1; then
+  log "numpy present"
+elif "$python" -m pip install --quiet numpy; then
+  log "installed numpy into $python"
+else
+  log "warning: could not install numpy for $python: the Triton example's CPU tests will report skipped"
 fi
 
 # 5. scikit-build-core, the Python package's build backend (pip install / pip wheel

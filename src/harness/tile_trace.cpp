@@ -9,6 +9,7 @@
 
 #include "flashlab/cuda_check.h"
 #include "flashlab/harness/reference.h"
+#include "json_text.h"
 
 namespace flashlab {
 namespace {
@@ -112,34 +113,47 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   const ProblemInputs inputs = make_inputs(spec, device);
   const ForwardOutputs outputs = poisoned_forward_outputs(spec, inputs);
   AttentionParams params = forward_params(spec, inputs, outputs.out, outputs.lse);
-
-  TileTraceReport report;
-  report.kernel = kernel.name;
-  report.problem = spec.describe();
-  report.tiles = kernel.tile_shape(params);
-  report.key_tiles_descending = kernel.key_tiles_descending;
-  report.key_tiles = (spec.seqlen_k + report.tiles.block_k - 1) / report.tiles.block_k;
-  const auto float_options = inputs.q.options().dtype(at::kFloat);
+  const TileShape tiles = kernel.tile_shape(params);
   // unwritten_trace_states marks (row, tile) states the kernel never wrote:
   // tiles skipped whole. A state it wrote as NaN counts as recorded.
-  const at::Tensor row_max =
-      unwritten_trace_states({spec.batch, spec.heads, spec.seqlen_q, report.key_tiles}, float_options);
-  const at::Tensor row_sum = unwritten_trace_states(row_max.sizes(), float_options);
+  const at::Tensor row_max = unwritten_trace_states(
+      {spec.batch, spec.heads, spec.seqlen_q, (spec.seqlen_k + tiles.block_k - 1) / tiles.block_k},
+      inputs.q.options().dtype(at::kFloat));
+  const at::Tensor row_sum = unwritten_trace_states(row_max.sizes(), row_max.options());
   params.trace.row_max = row_max.data_ptr<float>();
   params.trace.row_sum = row_sum.data_ptr<float>();
-  params.trace.num_key_tiles = static_cast<int>(report.key_tiles);
+  params.trace.num_key_tiles = static_cast<int>(row_max.size(3));
   run_kernel(kernel, params);
   FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
+  return tile_trace_report(kernel.name, spec, inputs, tiles, kernel.key_tiles_descending, row_max, row_sum);
+}
 
+TileTraceReport tile_trace_report(const std::string& name, const ProblemSpec& spec, const ProblemInputs& inputs,
+                                  const TileShape& tiles, bool descending, const at::Tensor& row_max,
+                                  const at::Tensor& row_sum) {
+  TORCH_CHECK(!spec.is_varlen(), "tile traces take fixed-length problems, not varlen ones (", spec.describe(), ")");
+  TORCH_CHECK(tiles.block_q > 0 && tiles.block_k > 0, "a tile trace needs the tile shape (block_q, block_k > 0); got ",
+              tiles.block_q, "x", tiles.block_k);
+  TileTraceReport report;
+  report.kernel = name;
+  report.problem = spec.describe();
+  report.tiles = tiles;
+  report.key_tiles_descending = descending;
+  report.key_tiles = (spec.seqlen_k + tiles.block_k - 1) / tiles.block_k;
+  const std::vector<int64_t> expected_shape{spec.batch, spec.heads, spec.seqlen_q, report.key_tiles};
+  for (const at::Tensor* states : {&row_max, &row_sum})
+    TORCH_CHECK(states->sizes() == at::IntArrayRef(expected_shape) && states->scalar_type() == at::kFloat,
+                "tile-state buffers are float32 (batch, heads, seqlen_q, key tiles) = ",
+                at::IntArrayRef(expected_shape), "; got ", states->sizes(), " ", states->scalar_type());
+  const AttentionParams params = forward_params(spec, inputs);
   const ExpectedTileStates expected = expected_tile_states(
-      inputs.q, inputs.k, params.softmax_scale, params.window_left, params.window_right,
-      report.tiles.block_k, kernel.key_tiles_descending);
+      inputs.q, inputs.k, params.softmax_scale, params.window_left, params.window_right, tiles.block_k, descending);
   const at::Tensor recorded = recorded_states(row_max);
   const at::Tensor max_differs = states_differ(row_max.to(at::kDouble), expected.row_max) & recorded;
   const at::Tensor sum_differs = states_differ(row_sum.to(at::kDouble), expected.row_sum) & recorded;
   report.recorded = recorded.sum().item<int64_t>();
   report.differing = (max_differs | sum_differs).sum().item<int64_t>();
-  report.first_nonfinite = first_nonfinite_state(row_max, row_sum, recorded, kernel.key_tiles_descending);
+  report.first_nonfinite = first_nonfinite_state(row_max, row_sum, recorded, descending);
   if (report.differing == 0) return report;
 
   // The earliest key tile where any row departs is where the bug starts; within
@@ -147,8 +161,7 @@ TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel
   const at::Tensor any_differs = (max_differs | sum_differs).permute({3, 0, 1, 2}).cpu();
   const at::Tensor differing_states = any_differs.nonzero();  // sorted by key tile first
   const int64_t key_tile =
-      differing_states.select(0, kernel.key_tiles_descending ? differing_states.size(0) - 1 : 0)[0]
-          .item<int64_t>();
+      differing_states.select(0, descending ? differing_states.size(0) - 1 : 0)[0].item<int64_t>();
   const at::Tensor max_in_tile = max_differs.select(3, key_tile).cpu();
   const bool max_is_wrong = max_in_tile.any().item<bool>();
   const at::Tensor first = (max_is_wrong ? max_in_tile : sum_differs.select(3, key_tile).cpu())
@@ -216,6 +229,27 @@ std::string TileTraceReport::format() const {
   } else if (recorded > 0) {
     text << "no recorded m or l is NaN or inf\n";
   }
+  return text.str();
+}
+
+std::string TileTraceReport::to_json() const {
+  std::ostringstream text;
+  text << std::setprecision(9);
+  const auto state = [&](const std::optional<TileStateDifference>& d) {
+    if (!d) return std::string("null");
+    std::ostringstream entry;
+    entry << std::setprecision(9) << "{\"key_tile\": " << d->key_tile << ", \"batch\": " << d->batch
+          << ", \"head\": " << d->head << ", \"row\": " << d->row << ", \"statistic\": \"" << d->statistic
+          << "\", \"kernel\": " << json::number(d->kernel_value) << ", \"expected\": "
+          << json::number(d->expected_value) << "}";
+    return entry.str();
+  };
+  text << "{\"matches\": " << (matches() ? "true" : "false") << ", \"kernel\": " << json::string(kernel)
+       << ", \"problem\": " << json::string(problem) << ", \"block_q\": " << tiles.block_q
+       << ", \"block_k\": " << tiles.block_k << ", \"key_tiles\": " << key_tiles
+       << ", \"recorded\": " << recorded << ", \"differing\": " << differing
+       << ", \"first_difference\": " << state(first_difference)
+       << ", \"first_nonfinite\": " << state(first_nonfinite) << "}";
   return text.str();
 }
 

@@ -15,6 +15,10 @@
 //   testing_run_kernel     a registered or developer kernel (planted bugs
 //                          included) on the problem, through the harness's run
 //                          steps: out, lse (and dq, dk, dv, dsinks)
+//   testing_trace_buffers  tile-state buffers (running max m, running sum l per
+//                          (row, key tile)) for a kernel to record into
+//   testing_trace_report   the recorded states against float64 online softmax:
+//                          the first (key tile, row, statistic) that departs
 //   testing_flops          the FLOPs flashlab-bench counts for the problem
 //
 // The checks take the problem's tensors back (testing_problem's list) rather
@@ -37,6 +41,7 @@
 #include "flashlab/harness/flops.h"
 #include "flashlab/harness/problem.h"
 #include "flashlab/harness/problem_options.h"
+#include "flashlab/harness/tile_trace.h"
 
 namespace flashlab::python {
 namespace {
@@ -229,6 +234,28 @@ std::vector<at::Tensor> testing_run_kernel(std::vector<std::string> arguments, s
   return {outputs.out, outputs.lse, gradients.dq, gradients.dk, gradients.dv, or_empty(gradients.dsinks)};
 }
 
+std::tuple<at::Tensor, at::Tensor> testing_trace_buffers(std::vector<std::string> arguments, const at::Tensor& q,
+                                                          int64_t block_k) {
+  const ProblemSpec spec = problem_of(arguments);
+  TORCH_CHECK_VALUE(!spec.is_varlen(), "flashlab.testing: tile traces take fixed-length problems, not --seqlens");
+  TORCH_CHECK_VALUE(block_k > 0, "flashlab.testing: a tile trace needs the kernel's block_n (> 0); got ", block_k);
+  const int64_t key_tiles = (spec.seqlen_k + block_k - 1) / block_k;
+  const at::Tensor row_max =
+      unwritten_trace_states({spec.batch, spec.heads, spec.seqlen_q, key_tiles}, q.options().dtype(at::kFloat));
+  return {row_max, unwritten_trace_states(row_max.sizes(), row_max.options())};
+}
+
+Report testing_trace_report(std::vector<std::string> arguments, std::vector<at::Tensor> problem,
+                            const at::Tensor& row_max, const at::Tensor& row_sum, std::string name, int64_t block_q,
+                            int64_t block_k, bool descending) {
+  const ProblemSpec spec = problem_of(arguments);
+  const ProblemInputs inputs = inputs_of(spec, problem);
+  const c10::cuda::OptionalCUDAGuard guard(cuda_device(inputs.q.device()));
+  const TileTraceReport report =
+      tile_trace_report(name, spec, inputs, tiles_of(block_q, block_k), descending, row_max, row_sum);
+  return {report.format(), report.to_json()};
+}
+
 double testing_flops(std::vector<std::string> arguments, std::string direction) {
   const ProblemSpec spec = problem_of(arguments);
   try {
@@ -261,6 +288,11 @@ TORCH_LIBRARY_FRAGMENT(flashlab, m) {
       "Tensor dk, Tensor dv, Tensor? dsinks, str name, int block_q, int block_k) -> (str, str)",
       &testing_check_backward);
   m.def("testing_run_kernel(str[] arguments, str kernel, bool backward) -> Tensor[]", &testing_run_kernel);
+  m.def("testing_trace_buffers(str[] arguments, Tensor q, int block_k) -> (Tensor, Tensor)", &testing_trace_buffers);
+  m.def(
+      "testing_trace_report(str[] arguments, Tensor[] problem, Tensor row_max, Tensor row_sum, str name, "
+      "int block_q, int block_k, bool descending) -> (str, str)",
+      &testing_trace_report);
   m.def("testing_flops(str[] arguments, str direction) -> float", &testing_flops);
   m.def("testing_kernels() -> str[]", &testing_kernels);
 }

@@ -48,6 +48,7 @@ struct TileTraceReport {
   std::optional<TileStateDifference> first_nonfinite;
   bool matches() const { return recorded > 0 && differing == 0; }
   std::string format() const;
+  std::string to_json() const;
 };
 
 // What the trace buffers hold before the launch: a NaN of its own bit pattern
@@ -67,6 +68,14 @@ std::optional<TileStateDifference> first_nonfinite_state(const at::Tensor& row_m
 // Runs `kernel` (a registered or test-only one) on the spec's inputs with tile
 // tracing on and diffs the recorded states against expected_tile_states.
 TileTraceReport trace_tiles(const ProblemSpec& spec, const KernelVariant& kernel);
+// trace_tiles' diff step for states any code recorded (flashlab.testing: a
+// Triton kernel writing m and l): row_max and row_sum float32 (batch, heads,
+// seqlen_q, key tiles), made by unwritten_trace_states before the run; m in
+// natural-log units of the scaled scores, l = sum of exp(score - m). `name`
+// and `tiles` are what the report names. Fixed-length problems only.
+TileTraceReport tile_trace_report(const std::string& name, const ProblemSpec& spec, const ProblemInputs& inputs,
+                                  const TileShape& tiles, bool descending, const at::Tensor& row_max,
+                                  const at::Tensor& row_sum);
 
 // The expected (m, l) of one row after one key tile, for cuda-gdb checks.
 std::pair<double, double> expected_state_at(const ProblemSpec& spec, int block_k, int64_t batch,

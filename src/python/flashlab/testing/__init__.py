@@ -15,6 +15,7 @@ inputs bit for bit and reports a registered kernel the same way. From a shell:
 
 problem / problem_from_arguments   seeded inputs (flashlab-run's options)
 check / check_backward             a function's out (lse) / gradients against the reference: a Report
+trace_tiles                        where the kernel's running max/sum first depart (key tile, row, statistic)
 run_kernel                         a flashlab kernel (planted-bug ones too) on a problem
 bench                              CUDA-event medians beside SDPA cuDNN/FLASH and flashlab: a BenchTable
 cases / parametrize                a flash-attn-style case matrix, for pytest (pytest_plugin: fixtures)
@@ -22,7 +23,7 @@ cases / parametrize                a flash-attn-style case matrix, for pytest (p
 
 from ._bench import BenchTable, bench
 from ._cases import Case, cases, parametrize
-from ._check import CheckFailed, Report, check, check_backward, run_kernel
+from ._check import CheckFailed, Report, TraceReport, check, check_backward, run_kernel, trace_tiles
 from ._problem import Problem, problem, problem_arguments, problem_from_arguments
 
 __all__ = [
@@ -40,4 +41,6 @@ __all__ = [
     "problem_arguments",
     "problem_from_arguments",
     "run_kernel",
+    "trace_tiles",
+    "TraceReport",
 ]

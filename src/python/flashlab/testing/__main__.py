@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
                        help="the layout the function takes (default bshd, flash-attn's)")
     check.add_argument("--lse-units", choices=("natural", "log2"), default="natural",
                        help="the units of an LSE the function returns (default natural)")
+    check.add_argument("--trace-tiles", action="store_true",
+                       help="also diff the kernel's running max/sum per key tile (it takes tile_trace=; "
+                            "needs --tile)")
     check.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one)")
     check.add_argument("--json", action="store_true", help="print one JSON object last")
     bench = commands.add_parser("bench", help="time functions beside SDPA (cuDNN, FLASH) and flashlab")
@@ -122,10 +125,17 @@ def _run_check(arguments, problem_options) -> int:
     run = ft.check_backward if arguments.backward else ft.check
     report = run(target, problem, tile=arguments.tile, layout=arguments.fn_layout, lse_units=arguments.lse_units)
     print(report.text, end="")
+    trace = None
+    if arguments.trace_tiles:
+        if arguments.tile == (0, 0):
+            raise _ArgumentError("--trace-tiles needs --tile BLOCK_MxBLOCK_N (the kernel's tiles)")
+        trace = ft.trace_tiles(target, problem, tile=arguments.tile, layout=arguments.fn_layout)
+        print(trace.text, end="")
     print(f"repeat with: {problem.command()}" + (" --backward" if arguments.backward else ""))
     if arguments.json:
         print(report.to_json())
-    return EXIT_PASS if report.passed else EXIT_MISMATCH
+    passed = report.passed and (trace is None or trace.matches)
+    return EXIT_PASS if passed else EXIT_MISMATCH
 
 
 def _run_bench(arguments, problem_options) -> int:

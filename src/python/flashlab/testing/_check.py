@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from functools import partial
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -232,6 +233,53 @@ def check_backward(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0
         name or _name_of(fn), int(tile[0]), int(tile[1]))
     report = Report(text, data, problem, "backward")
     return report.assert_passed() if raise_on_failure else report
+
+
+class TraceReport:
+    """The tile-state diff, as flashlab-run --trace-tiles prints it: `text`, `data` (JSON),
+    `matches`, and `first_difference` {key_tile, batch, head, row, statistic ("m": running
+    max, "l": running sum), kernel, expected}."""
+
+    def __init__(self, text: str, data_json: str, problem: Problem):
+        self.text, self.data, self.problem = text, json.loads(data_json), problem
+
+    @property
+    def matches(self) -> bool:
+        return bool(self.data["matches"])
+
+    @property
+    def first_difference(self) -> Optional[dict]:
+        return self.data["first_difference"]
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"TraceReport({'matches' if self.matches else 'differs'}, {self.problem.describe()})"
+
+
+def trace_tiles(fn: Callable, problem: Problem, tile: Tuple[int, int], name: Optional[str] = None,
+                layout: str = "bshd", descending: bool = False) -> TraceReport:
+    """Where a kernel's online softmax first departs, by key tile, row and statistic: fn is
+    called as check calls it plus tile_trace=(row_max, row_sum), two float32 tensors
+    (batch, heads, seqlen_q, key tiles of tile[1] keys) into which the kernel writes, after
+    each key tile t, each row's running max m (natural-log units of the scaled scores, -inf
+    before any visible key) and running sum l (the sum of exp(score - m)) at
+    [batch, head, row, t]. The harness recomputes the states in float64 with the same tiling
+    (descending: the key tiles are visited last first) and names the first key tile where
+    any row departs, a wrong m before a wrong l (flashlab-run --trace-tiles for a CUDA
+    kernel). States the kernel never writes (tiles it skips) are not compared."""
+    row_max, row_sum = torch.ops.flashlab.testing_trace_buffers(problem.arguments, problem.q, int(tile[1]))
+    if not _accepts(fn, "tile_trace"):
+        raise TypeError(f"flashlab.testing.trace_tiles: {_name_of(fn)} takes no tile_trace argument; the kernel "
+                        "records its states into tile_trace=(row_max, row_sum) (see trace_tiles' docstring)")
+    _run(partial(fn, tile_trace=(row_max, row_sum)), problem, *_copies(problem), layout)
+    if problem.device.type == "cuda":
+        torch.cuda.synchronize(problem.device)
+    text, data = torch.ops.flashlab.testing_trace_report(problem.arguments, problem.tensors, row_max, row_sum,
+                                                         name or _name_of(fn), int(tile[0]), int(tile[1]),
+                                                         bool(descending))
+    return TraceReport(text, data, problem)
 
 
 def run_kernel(kernel: str, problem: Problem, backward: bool = False):

@@ -50,6 +50,7 @@ if(FLASHLAB_BUILD_PYTHON)
     set(pytest_environment
         "PYTHONPATH=${PROJECT_SOURCE_DIR}/src/python"
         "FLASHLAB_OPS_LIBRARY=$<TARGET_FILE:flashlab_ops>"
+        "FLASHLAB_RUN=$<TARGET_FILE:flashlab-run>"
         "PYTHONDONTWRITEBYTECODE=1")
     set(pytest_all_skipped "=+ [0-9]+ skipped(, [0-9]+ (deselected|warnings?))* in [0-9.]+s|flashlab: pytest is not installed")
     # python_cpu: everything not marked gpu (import, schemas, fake shapes, argument

@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one)")
     check.add_argument("--json", action="store_true", help="print one JSON object last")
     bench = commands.add_parser("bench", help="time functions beside SDPA (cuDNN, FLASH) and flashlab")
-    bench.add_argument("targets", nargs="+", help="module:function, path/to/file.py:function or flashlab:<kernel>")
+    bench.add_argument("targets", nargs="+", help="module:function or path/to/file.py:function")
     bench.add_argument("--seqlen-list", type=_int_list, default=None, metavar="L1,L2",
                        help="time each length (seqlen_q = seqlen_k = L) instead of --seqlen-q/--seqlen-k")
     bench.add_argument("--directions", default="fwd", help="fwd, fwdbwd or fwd,fwdbwd (default fwd)")
@@ -144,16 +144,16 @@ def _run_bench(arguments, problem_options) -> int:
     if not torch.cuda.is_available():
         print("python -m flashlab.testing bench: no usable CUDA device (bench times GPU code)", file=sys.stderr)
         return EXIT_NO_GPU
-    targets = [_load_target(t) for t in arguments.targets]
     functions = {}
-    for text, target in zip(arguments.targets, targets):
-        functions[text] = (lambda name: lambda q, k, v, **kw: ft.run_kernel(name, _problem_of[id(q)])[:2])(target) \
-            if isinstance(target, str) else target
+    for text in arguments.targets:
+        target = _load_target(text)
+        if isinstance(target, str):
+            raise _ArgumentError(f"bench times Python functions; {text} is a flashlab kernel (flashlab.flash_attn_func "
+                                 "is in the table as 'flashlab'; flashlab-bench times each kernel)")
+        functions[text] = target
     lengths = arguments.seqlen_list or [None]
     problems = [ft.problem_from_arguments(problem_options if n is None else _replace_lengths(problem_options, n))
                 for n in lengths]
-    for problem in problems:
-        _problem_of[id(problem.q)] = problem
     directions = [d for d in arguments.directions.split(",") if d]
     table = ft.bench(functions, problems, directions=directions, layout=arguments.fn_layout,
                      baselines=() if arguments.no_baselines else ft._bench.BASELINES,
@@ -165,8 +165,6 @@ def _run_bench(arguments, problem_options) -> int:
         table.plot(arguments.plot)
     return EXIT_PASS
 
-
-_problem_of = {}  # bench of a flashlab kernel by name: the problem its q belongs to
 
 
 def main(argv=None) -> int:

@@ -97,7 +97,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--fn-layout", choices=("bshd", "bhsd"), default="bshd")
     bench.add_argument("--warmup", type=int, default=10)
     bench.add_argument("--iters", type=int, default=30)
-    bench.add_argument("--no-baselines", action="store_true", help="leave out SDPA and flashlab")
+    bench.add_argument("--baselines", default="sdpa_cudnn,sdpa_flash,flashlab",
+                       help="timed beside the targets: sdpa_cudnn, sdpa_flash, flashlab (auto) and "
+                            "flashlab:<kernel> (default sdpa_cudnn,sdpa_flash,flashlab; '' for none)")
     bench.add_argument("--json", metavar="FILE", help="write the table as JSON")
     bench.add_argument("--plot", metavar="FILE", help="draw TFLOP/s against seqlen (needs matplotlib)")
     return top
@@ -156,7 +158,7 @@ def _run_bench(arguments, problem_options) -> int:
                 for n in lengths]
     directions = [d for d in arguments.directions.split(",") if d]
     table = ft.bench(functions, problems, directions=directions, layout=arguments.fn_layout,
-                     baselines=() if arguments.no_baselines else ft._bench.BASELINES,
+                     baselines=[b for b in arguments.baselines.split(",") if b],
                      warmup=arguments.warmup, iters=arguments.iters)
     print(table.format())
     if arguments.json:

@@ -148,15 +148,26 @@ def _sdpa(backend_name: str):
     return run
 
 
-def _flashlab():
+def _flashlab(kernel: str = "auto"):
+    """flashlab.flash_attn_func (flash_attn_varlen_func for varlen problems) with `kernel`."""
     import flashlab
 
-    def run(q, k, v, **kwargs):
-        return flashlab.flash_attn_func(q, k, v, **kwargs)
+    def run(q, k, v, *varlen, **kwargs):
+        function = flashlab.flash_attn_varlen_func if varlen else flashlab.flash_attn_func
+        return function(q, k, v, *varlen, kernel=kernel, **kwargs)
 
-    run.__qualname__ = run.__name__ = "flashlab"
-    run.__module__ = ""
     return run
+
+
+def _baseline(name: str):
+    if name in ("sdpa_cudnn", "sdpa_flash"):
+        return _sdpa(name)
+    if name == "flashlab":
+        return _flashlab()
+    if name.startswith("flashlab:"):
+        return _flashlab(name.split(":", 1)[1])
+    raise ValueError(f"flashlab.testing.bench: baseline {name!r}; accepted: {', '.join(BASELINES)} or "
+                     "flashlab:<kernel> (a registered kernel, flashlab.kernels())")
 
 
 def _timed_call(fn, problem: Problem, direction: str, layout: str):
@@ -183,7 +194,8 @@ def bench(fns, problems: Sequence[Problem], directions: Sequence[str] = ("fwd",)
           layout: str = "bshd", progress: bool = True) -> BenchTable:
     """Times each function (a callable with check's signature, a list of them, or a dict
     name -> callable) on each problem, forward ("fwd") and forward + backward ("fwdbwd"),
-    beside SDPA pinned to cuDNN and to FLASH (FlashAttention-2) and flashlab.flash_attn_func,
+    beside SDPA pinned to cuDNN and to FLASH (FlashAttention-2) and flashlab.flash_attn_func
+    ("flashlab": kernel="auto", fa3_wgmma_sm90 on an H100; "flashlab:<kernel>" names one),
     all in the same run: CUDA events, the L2 flushed before every call, `warmup` calls, the
     median of `iters`. TFLOP/s counts flashlab-bench's FLOPs (4 b h sq sk d, halved for
     causal; fwd+bwd 3.5x) and %mm is the fraction of the fp16/bf16 matmul rate measured in
@@ -195,16 +207,11 @@ def bench(fns, problems: Sequence[Problem], directions: Sequence[str] = ("fwd",)
     for direction in directions:
         if direction not in DIRECTIONS:
             raise ValueError(f"flashlab.testing.bench: direction {direction!r}; accepted: {', '.join(DIRECTIONS)}")
-    for baseline in baselines:
-        if baseline not in BASELINES:
-            raise ValueError(f"flashlab.testing.bench: baseline {baseline!r}; accepted: {', '.join(BASELINES)}")
     if callable(fns):
         fns = [fns]
     named: Dict[str, Callable] = dict(fns) if isinstance(fns, dict) else {_name_of(f): f for f in fns}
-    makers = {"sdpa_cudnn": lambda: _sdpa("sdpa_cudnn"), "sdpa_flash": lambda: _sdpa("sdpa_flash"),
-              "flashlab": _flashlab}
     implementations = [(name, fn, layout) for name, fn in named.items()]
-    implementations += [(b, makers[b](), "bshd") for b in baselines]
+    implementations += [(b, _baseline(b), "bshd") for b in baselines]
     device = problems[0].device
     timer = _Timer(device, warmup, iters, flush_l2)
     table = BenchTable([], _matmul_tflops(timer, problems[0].dtype), torch.cuda.get_device_name(device),

@@ -79,6 +79,16 @@ bool strict_checks();
 // met since the last report, clearing it; returns when there is none.
 void check_device_errors(std::optional<int> device = std::nullopt);
 
+// Merges a partial attention result into an accumulated one, in place: the
+// split-KV combine's LSE rule for two parts over disjoint key sets (the ring
+// step of flashlab.distributed). out float32 (batch, rows, heads, head_dim)
+// with lse float32 (batch, heads, rows), or packed (rows, heads, head_dim) with
+// (heads, rows); block_out (any float dtype) and block_lse of the same shapes.
+// CUDA tensors on one device, any strides with contiguous columns; enqueued
+// on the current stream.
+void merge_attention_states_(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& block_out,
+                             const at::Tensor& block_lse);
+
 struct AttentionOutput {
   // (batch, seqlen_q, heads, head_dim), input dtype. When the kernel ran a
   // padded head dim, a view of the first head_dim columns of its padded output

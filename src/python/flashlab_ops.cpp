@@ -1,6 +1,6 @@
 // The flashlab Python package's extension: the C++ API of flashlab/attention.h
 // as torch operators, flashlab::fwd, varlen_fwd, bwd, varlen_bwd and
-// fwd_kvcache (CUDA kernels), their autograd (fwd and varlen_fwd, here), plus
+// fwd_kvcache (CUDA kernels), merge_attention_states_ (the ring's merge), their autograd (fwd and varlen_fwd, here), plus
 // flashlab::kernels (the registry), check_errors and the strict-checks switch.
 //
 // Only TORCH_LIBRARY: no Python module, no Python headers. The package loads
@@ -394,6 +394,8 @@ TORCH_LIBRARY(flashlab, m) {
       "int num_splits=0, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
       tags);
   m.def("kernels() -> str[]", &flashlab::python::kernels);
+  // The ring's merge step (flashlab.distributed.merge_partial on CUDA tensors).
+  m.def("merge_attention_states_(Tensor(a!) out, Tensor(b!) lse, Tensor block_out, Tensor block_lse) -> ()");
   // No tensors: catch-all kernels, callable without a device.
   m.def("check_errors(int? device=None) -> ()", &flashlab::python::check_errors);
   m.def("set_strict_checks(bool on) -> bool", &flashlab::python::set_strict);
@@ -411,4 +413,5 @@ TORCH_LIBRARY_IMPL(flashlab, CUDA, m) {
   m.impl("bwd", &flashlab::python::bwd);
   m.impl("varlen_bwd", &flashlab::python::varlen_bwd);
   m.impl("fwd_kvcache", &flashlab::python::fwd_kvcache);
+  m.impl("merge_attention_states_", &flashlab::merge_attention_states_);
 }

@@ -72,6 +72,11 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, b
 
 # ---------------------------------------------------------------------------
 # The registry as the Python API reads it (kernel names for argument errors).
+@torch.library.register_fake("flashlab::merge_attention_states_")
+def _merge_attention_states_fake(out, lse, block_out, block_lse):
+    return None
+
+
 # Autograd of flashlab::fwd and varlen_fwd is registered in C++ (flashlab_ops.cpp):
 # a Python registration cost more host time a call than the kernel takes.
 

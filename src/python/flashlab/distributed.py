@@ -110,7 +110,12 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     lse = log(exp(lse) + exp(block_lse)), out weighted by exp(lse_part - lse). out
     (batch, seqlen, heads, head_dim) with lse (batch, heads, seqlen), or packed out
     (total, heads, head_dim) with lse (heads, total). A row that sees no key in either
-    keeps out 0 and lse -inf."""
+    keeps out 0 and lse -inf. On CUDA with a float32 accumulator the merge runs in place in
+    one kernel (torch.ops.flashlab.merge_attention_states_, the split-KV combine's rule in
+    common/lse_merge.h); elsewhere (the CPU tests) in torch operations."""
+    if out.is_cuda and out.dtype == torch.float32 and lse.dtype == torch.float32:
+        torch.ops.flashlab.merge_attention_states_(out, lse, block_out, block_lse.to(torch.float32))
+        return out, lse
     merged = torch.logaddexp(lse, block_lse)
     finite = torch.isfinite(merged)
     safe = torch.where(finite, merged, torch.zeros_like(merged))
@@ -387,15 +392,15 @@ def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, la
         k_cur, v_cur = kv
         if part == "all":
             block_out, block_lse = layout.forward(ops, q, k_cur, v_cur, block_causal, softmax_scale, part)
-            out, lse = merge_partial(out, lse, block_out.to(acc), block_lse.to(acc))
+            out, lse = merge_partial(out, lse, block_out, block_lse)
         elif part == "keys_first":
             block_out, block_lse = layout.forward(ops, q, layout.first(k_cur), layout.first(v_cur), False,
                                                   softmax_scale, part)
-            out, lse = merge_partial(out, lse, block_out.to(acc), block_lse.to(acc))
+            out, lse = merge_partial(out, lse, block_out, block_lse)
         else:
             block_out, block_lse = layout.forward(ops, layout.second(q), k_cur, v_cur, False, softmax_scale, part)
-            merged_out, merged_lse = merge_partial(layout.second(out), layout.second_lse(lse), block_out.to(acc),
-                                                   block_lse.to(acc))
+            merged_out, merged_lse = merge_partial(layout.second(out), layout.second_lse(lse), block_out,
+                                                   block_lse)
             out = layout.with_second(out, merged_out)
             lse = layout.with_second_lse(lse, merged_lse)
         ring.wait(requests)

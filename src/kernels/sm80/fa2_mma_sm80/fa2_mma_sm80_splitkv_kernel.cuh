@@ -67,6 +67,7 @@
 #include <type_traits>
 
 #include "common/block_timeline.h"
+#include "common/lse_merge.h"
 #include "common/online_softmax.h"
 #include "common/ptx_sm80.h"
 #include "common/value_guard.h"
@@ -595,18 +596,18 @@ __global__ void combine_kernel(const KvCacheParams p, const float* o_partial, co
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kSplitsPerLane; ++i)
-    sum += split_lse[i] == -INFINITY ? 0.f : expf(split_lse[i] - max_lse);
+    sum += lse_part_weight(split_lse[i], max_lse);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  if constexpr (kSinks) sum += sink == -INFINITY ? 0.f : expf(sink - max_lse);  // once, after the lanes' sum
+  if constexpr (kSinks) sum += lse_part_weight(sink, max_lse);  // once, after the lanes' sum
   // No split saw a key: out 0, lse -inf (the forward's fully masked row);
   // with a sink, out 0 and lse = sink.
-  const float lse = sum > 0.f ? max_lse + logf(sum) : -INFINITY;
+  const float lse = merged_lse(max_lse, sum);
 #pragma unroll
   for (int i = 0; i < kSplitsPerLane; ++i) {
     const int s = lane + i * 32;
     // A split with no visible key (lse -inf) weighs 0 (its partial is zeros).
-    if (s < num_splits) split_weight[warp][s] = split_lse[i] == -INFINITY ? 0.f : expf(split_lse[i] - lse);
+    if (s < num_splits) split_weight[warp][s] = lse_part_weight(split_lse[i], lse);
   }
   __syncwarp();
 

@@ -81,6 +81,9 @@ void finish_problem_options(ProblemOptions& options) {
   if (!options.kv_heads_given) spec.kv_heads = spec.heads;
   if (!options.seqlen_k_given) spec.seqlen_k = spec.seqlen_q;
   if (!options.seed_given) spec.seed = std::random_device{}() % 1000000;
+  if (spec.heads % spec.kv_heads != 0)
+    throw ArgumentError("--heads " + std::to_string(spec.heads) + " must be a multiple of --kv-heads " +
+                        std::to_string(spec.kv_heads) + " (each kv head serves heads / kv_heads query heads)");
   if (!spec.seqlens_k.empty() && spec.seqlens_q.empty())
     throw ArgumentError("--seqlens-k needs --seqlens (the query lengths)");
   if (spec.is_varlen()) {

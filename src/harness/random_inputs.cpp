@@ -8,8 +8,11 @@
 #include "flashlab/harness/normal_from_bits.h"
 
 #include <algorithm>
+#include <list>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace flashlab {
 namespace {
@@ -35,10 +38,54 @@ struct Generator {
   Generator& operator=(const Generator&) = delete;
 };
 
+// cuRAND's host MT19937 takes seconds to seed (curandGenerateSeeds on the
+// first draw: about 4 s on this project's 2-core machine), which made every
+// problem on the CPU (flashlab.testing without a GPU, its CPU tests) cost
+// seconds. A seed's values are one fixed sequence and a shape takes a prefix of
+// it, so the last few seeds' values are kept: a draw that fits in a kept
+// prefix is a copy of it, bit for bit what the generator gives.
+class HostValueCache {
+ public:
+  // The first `count` values of `seed`'s sequence, or an undefined tensor.
+  at::Tensor find(uint64_t seed, int64_t count) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (auto entry = entries_.begin(); entry != entries_.end(); ++entry) {
+      if (entry->first != seed || entry->second.numel() < count) continue;
+      entries_.splice(entries_.begin(), entries_, entry);  // most recently used first
+      return entries_.front().second.narrow(0, 0, count).clone();
+    }
+    return {};
+  }
+  void keep(uint64_t seed, const at::Tensor& values) {
+    if (values.numel() > kMostValues) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    entries_.remove_if([&](const auto& entry) { return entry.first == seed; });
+    entries_.emplace_front(seed, values.flatten().clone());
+    if (entries_.size() > kEntries) entries_.pop_back();
+  }
+
+ private:
+  static constexpr int64_t kMostValues = int64_t(1) << 24;  // 64 MiB of float32 an entry
+  static constexpr size_t kEntries = 8;
+  std::mutex mutex_;
+  std::list<std::pair<uint64_t, at::Tensor>> entries_;
+};
+
+HostValueCache& host_value_cache() {
+  static HostValueCache cache;
+  return cache;
+}
+
 }  // namespace
 
 at::Tensor mt19937_normal(at::IntArrayRef shape, uint64_t seed, at::Device device) {
-  return mt19937_normal_in_calls(shape, seed, device, kMostMt19937BitsPerCall);
+  if (!device.is_cpu()) return mt19937_normal_in_calls(shape, seed, device, kMostMt19937BitsPerCall);
+  int64_t count = 1;
+  for (int64_t extent : shape) count *= extent;
+  if (at::Tensor kept = host_value_cache().find(seed, count); kept.defined()) return kept.view(shape);
+  at::Tensor values = mt19937_normal_in_calls(shape, seed, device, kMostMt19937BitsPerCall);
+  host_value_cache().keep(seed, values);
+  return values;
 }
 
 at::Tensor mt19937_normal_in_calls(at::IntArrayRef shape, uint64_t seed, at::Device device,

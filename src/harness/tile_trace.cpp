@@ -218,6 +218,8 @@ std::string TileTraceReport::format() const {
            << " matches: look at what carries the state from one key tile to the next\n";
   } else if (recorded > 0) {
     text << "all recorded states match\n";
+  } else {
+    text << "the kernel recorded no state: nothing to compare (does it write the trace buffers?)\n";
   }
   if (first_nonfinite) {
     const auto& d = *first_nonfinite;

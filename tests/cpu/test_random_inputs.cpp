@@ -24,6 +24,20 @@ TEST(RandomInputs, SameSeedGivesSameValuesAndOddCountsArePrefixes) {
   EXPECT_TRUE(at::equal(odd.flatten(), even.narrow(0, 0, 105)));
 }
 
+TEST(RandomInputs, KeptHostValuesAreTheGeneratorsOwn) {
+  // mt19937_normal keeps recent seeds' host values; a draw served from them must
+  // equal the generator's fresh draw, and writing into it must not reach them.
+  const uint64_t seed = testing::test_seed() + 77;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const at::Tensor large = mt19937_normal({4001}, seed, at::kCPU);
+  at::Tensor kept = mt19937_normal({7, 9}, seed, at::kCPU);
+  const at::Tensor fresh = mt19937_normal_in_calls({7, 9}, seed, at::kCPU, kMostMt19937BitsPerCall);
+  EXPECT_TRUE(at::equal(kept, fresh));
+  EXPECT_TRUE(at::equal(kept.flatten(), large.narrow(0, 0, 63)));
+  kept.fill_(0);
+  EXPECT_TRUE(at::equal(mt19937_normal({7, 9}, seed, at::kCPU), fresh));
+}
+
 TEST(RandomInputs, DifferentSeedsGiveDifferentValues) {
   const uint64_t seed = testing::test_seed();
   const at::Tensor first = mt19937_normal({1001}, seed, at::kCPU);

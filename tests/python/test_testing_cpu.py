@@ -69,6 +69,8 @@ def test_varlen_and_packed_layouts():
 
 @pytest.mark.parametrize("arguments, message", [
     (["--batch", "0"], "--batch expects an integer from 1"),
+    (["--heads", "6", "--kv-heads", "4"], "--heads 6 must be a multiple of --kv-heads 4"),
+    (["--seqlens-k", "3,5"], "--seqlens-k needs --seqlens"),
     (["--dtype", "fp8"], "unknown --dtype 'fp8'; accepted: fp32, fp16, bf16"),
     (["--bogus"], "--bogus"),
     (["--seqlens", "3,4", "--batch", "2"], "--seqlens replaces --batch"),
@@ -80,8 +82,20 @@ def test_bad_problem_options_say_what_and_expected(arguments, message):
 
 
 def test_bad_keyword_values():
-    with pytest.raises(ValueError, match="dtype 'half'; accepted: fp32, fp16, bf16"):
-        ft.problem(dtype="half", device=CPU)
+    with pytest.raises(ValueError, match="dtype 'fp8'; accepted: fp32, fp16, bf16"):
+        ft.problem(dtype="fp8", device=CPU)
+    with pytest.raises(ValueError, match="--seqlens replaces --batch"):
+        ft.problem(seqlens=[3, 5], batch=5, device=CPU)
+    with pytest.raises(ValueError, match=r"window 8; expected \(left, right\)"):
+        ft.problem(window=8, device=CPU)
+    assert ft.problem_arguments(dtype="float16")[5] == "fp16"
+
+
+@pytest.mark.parametrize("tile, message", [((64, 0), "block_m and block_n > 0"), ((-64, -32), "> 0"),
+                                           ((64,), "two integers"), ("64x64", "two integers")])
+def test_bad_tiles(tile, message):
+    with pytest.raises(ValueError, match=message):
+        ft.check(fns.torch_attention, small(), tile=tile)
 
 
 # ---------------------------------------------------------------------------- check
@@ -121,7 +135,7 @@ def test_first_bad_element_named_by_tile():
     assert (bad["tensor"], bad["batch"], bad["row"], bad["head"], bad["col"]) == ("out", 1, 100, 3, 5)
     assert bad["query_tile"] == 1 and bad["key_tiles"] == [0, 1]
     assert "query tile 1 (rows 64..127, block_q 64)" in report.text
-    with pytest.raises(ft.CheckFailed, match="repeat with: flashlab-run .*--seed 7"):
+    with pytest.raises(ft.CheckFailed, match="inputs: flashlab-run .*--seed 7"):
         report.assert_passed()
     assert json.loads(report.to_json())["command"] == report.problem.command()
 
@@ -157,6 +171,31 @@ def test_modifications_reach_the_function():
     assert not ft.check(ignores_them, p).passed
 
 
+def test_writes_into_modification_tensors_do_not_reach_the_reference():
+    p = small(seqlen_k=113, sinks=True, alibi="per-head")
+
+    def ignores(q, k, v, causal=False, softmax_scale=None, sinks=None, alibi_slopes=None):
+        return fns.torch_attention(q, k, v, causal, softmax_scale)
+
+    def scribbles(q, k, v, causal=False, softmax_scale=None, sinks=None, alibi_slopes=None):
+        sinks.fill_(-1e4)
+        alibi_slopes.zero_()
+        return ignores(q, k, v, causal, softmax_scale)
+    assert not ft.check(scribbles, p).passed and not ft.check(ignores, p).passed
+    assert ft.check(fns.torch_attention, p).passed
+
+
+def test_keyword_forwarders_and_out_argument():
+    p = small()
+    assert ft.check(lambda q, k, v, **kw: fns.torch_attention(q, k, v, **kw), p).passed  # no out= pushed in
+
+    def fills_out(q, k, v, causal=False, softmax_scale=None, out=None):
+        out.copy_(fns.torch_attention(q, k, v, causal, softmax_scale)[0])
+    assert ft.check(fills_out, p).passed
+    with pytest.raises(TypeError, match="returned a tuple whose first entry is NoneType"):
+        ft.check(lambda q, k, v, **kw: (None, None), p)
+
+
 def test_wrong_output_shape_and_dtype_are_errors():
     with pytest.raises(ValueError, match="out has shape"):
         ft.check(lambda q, k, v, causal, softmax_scale: q[:, :5], small())
@@ -179,6 +218,16 @@ def test_backward_names_the_bad_key_row():
     bad = report.tensor("dk")["first_bad"]
     assert (bad["batch"], bad["row"], bad["head"]) == (0, 70, 1)
     assert report.tensor("dq")["passed"] and report.tensor("dv")["passed"]
+
+
+@pytest.mark.parametrize("layout", ["bshd", "packed-qkv"])
+def test_backward_gradient_never_produced_is_nan(layout):
+    p = small(seqlen_k=113, layout=layout)
+
+    def detached_k(q, k, v, causal=False, softmax_scale=None):
+        return fns.torch_attention(q, k.detach(), v, causal, softmax_scale)
+    report = ft.check_backward(detached_k, p)
+    assert report.tensor("dk")["nan_count"] == p.k.numel() and report.tensor("dq")["passed"]
 
 
 def test_backward_needs_a_differentiable_function():
@@ -215,7 +264,7 @@ def test_cli_check_passes_and_fails(capsys):
     path = Path(__file__).with_name("user_functions.py")
     assert cli(["check", f"{path}:torch_attention", "--causal", *PROBLEM]) == 0
     out = capsys.readouterr().out
-    assert "PASSED" in out and "repeat with: flashlab-run" in out
+    assert "PASSED" in out and "inputs: flashlab-run" in out
     assert cli(["check", "user_functions:off_by_one_element", "--tile", "64x64", "--json", *PROBLEM]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert json.loads(lines[-1])["first_bad"]["query_tile"] == 1
@@ -236,6 +285,25 @@ def test_cli_backward(capsys):
 def test_cli_bad_arguments_exit_2(arguments, message, capsys):
     assert cli(arguments + ["--device", "cpu"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_function_errors_and_devices(capsys, tmp_path):
+    module = tmp_path / "raising.py"
+    module.write_text("def attention(q, k, v, **kw):\n    raise ValueError('first line\\nsecond line')\n")
+    assert cli(["check", f"{module}:attention", *PROBLEM]) == 1
+    assert "second line" in capsys.readouterr().err  # the traceback, whole
+    assert cli(["check", "user_functions:torch_attention", "--trace-tiles", *PROBLEM]) == 2
+    assert "--trace-tiles needs --tile" in capsys.readouterr().err
+    assert cli(["check", "user_functions:torch_attention", *PROBLEM[:-2], "--device", "gpu"]) == 2
+    if not torch.cuda.is_available():
+        assert cli(["check", "user_functions:torch_attention", *PROBLEM[:-2], "--device", "cuda"]) == 3
+
+
+def test_cli_help_lists_the_problem_options(capsys):
+    with pytest.raises(SystemExit):
+        cli(["check", "--help"])
+    out = capsys.readouterr().out
+    assert "--seqlen-q" in out and "--kv-heads" in out and "--tile" in out
 
 
 def test_cli_tile_format():

@@ -29,8 +29,9 @@ void add_problem_options(ArgumentParser& parser, ProblemOptions& options);
 
 // After the parse: kv heads default to heads, seqlen_k to seqlen_q, the seed
 // to a fresh one (printed with the problem, so a run can be repeated); then
-// the rules between options (--seqlens replaces the fixed lengths, packed-qkv
-// needs equal query and key lengths, softcap >= 0). Throws ArgumentError.
+// the rules between options (heads a multiple of kv heads, --seqlens replaces
+// the fixed lengths, packed-qkv needs equal query and key lengths, softcap >=
+// 0). Throws ArgumentError.
 void finish_problem_options(ProblemOptions& options);
 
 // A problem from problem options alone ("--batch", "2", "--causal", ...), as

@@ -9,7 +9,8 @@
 
 namespace flashlab {
 
-// A float32 tensor of the given shape on `device` (kCPU uses the host generator).
+// A float32 tensor of the given shape on `device` (kCPU uses the host generator;
+// the last few seeds' host values are kept, since seeding it takes seconds).
 at::Tensor mt19937_normal(at::IntArrayRef shape, uint64_t seed, at::Device device);
 
 // cuRAND's MT19937 takes at most this many outputs a call (2^31 faulted with an

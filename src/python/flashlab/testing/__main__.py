@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import sys
+import traceback
 from pathlib import Path
 
 EXIT_PASS, EXIT_MISMATCH, EXIT_BAD_ARGUMENTS, EXIT_NO_GPU = 0, 1, 2, 3
@@ -30,7 +32,7 @@ def _load_target(target: str):
     module_name, separator, function_name = target.rpartition(":")
     if not separator or not module_name or not function_name:
         raise _ArgumentError(f"target {target!r}: expected module:function, path/to/file.py:function or "
-                             "flashlab:<kernel>")
+                             "flashlab:<kernel> (the target comes right after check / bench)")
     try:
         if module_name.endswith(".py") or "/" in module_name:
             path = Path(module_name)
@@ -71,11 +73,26 @@ def _int_list(text: str):
     return values
 
 
-def parser() -> argparse.ArgumentParser:
+def _problem_options_help() -> str:
+    """flashlab-run's problem options as its C++ parser lists them."""
+    try:
+        import torch
+        import flashlab  # noqa: F401
+        torch.ops.flashlab.testing_problem(["--help"], torch.device("cpu"))
+    except (ValueError, RuntimeError) as error:
+        text = str(error)
+        start = text.find("the problem options are:")
+        return text[start:].split("\n", 1)[-1] if start >= 0 else ""
+    return ""
+
+
+def parser(with_problem_help: bool = False) -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m flashlab.testing", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = top.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check", help="one problem through the function and the reference, with the report")
+    problem_help = ("problem options (flashlab-run's):\n" + _problem_options_help()) if with_problem_help else None
+    check = commands.add_parser("check", help="one problem through the function and the reference, with the report",
+                                epilog=problem_help, formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("target", help="module:function, path/to/file.py:function or flashlab:<kernel>")
     check.add_argument("--backward", action="store_true", help="also dq, dk, dv (the function must be differentiable)")
     check.add_argument("--tile", type=_tile, default=(0, 0), metavar="MxN",
@@ -89,7 +106,8 @@ def parser() -> argparse.ArgumentParser:
                             "needs --tile)")
     check.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when there is one)")
     check.add_argument("--json", action="store_true", help="print one JSON object last")
-    bench = commands.add_parser("bench", help="time functions beside SDPA (cuDNN, FLASH) and flashlab")
+    bench = commands.add_parser("bench", help="time functions beside SDPA (cuDNN, FLASH) and flashlab",
+                                epilog=problem_help, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_argument("targets", nargs="+", help="module:function or path/to/file.py:function")
     bench.add_argument("--seqlen-list", type=_int_list, default=None, metavar="L1,L2",
                        help="time each length (seqlen_q = seqlen_k = L) instead of --seqlen-q/--seqlen-k")
@@ -120,23 +138,47 @@ def _replace_lengths(problem_options, length):
     return kept + ["--seqlen-q", str(length), "--seqlen-k", str(length)]
 
 
-def _run_check(arguments, problem_options) -> int:
+def _problem(problem_options, device):
+    """The problem, or _ArgumentError (exit 2) for options the parser rejects."""
     import flashlab.testing as ft
+    try:
+        return ft.problem_from_arguments(problem_options, device)
+    except (ValueError, TypeError) as error:
+        raise _ArgumentError(str(error).splitlines()[0]) from None
+
+
+def _run_check(arguments, problem_options) -> int:
+    import torch
+    import flashlab.testing as ft
+    if arguments.trace_tiles and arguments.tile == (0, 0):
+        raise _ArgumentError("--trace-tiles needs --tile BLOCK_MxBLOCK_N (the kernel's tiles)")
+    if arguments.device is not None:
+        try:
+            device = torch.device(arguments.device)
+        except RuntimeError as error:
+            raise _ArgumentError(f"--device {arguments.device!r}: {error}; expected cuda, cuda:N or cpu") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            print(f"python -m flashlab.testing: --device {arguments.device}: no usable CUDA device", file=sys.stderr)
+            return EXIT_NO_GPU
     target = _load_target(arguments.target)
-    problem = ft.problem_from_arguments(problem_options, arguments.device)
+    problem = _problem(problem_options, arguments.device)
+    # From here on an exception is the function's (or the kernel's): its traceback, exit 1.
     run = ft.check_backward if arguments.backward else ft.check
     report = run(target, problem, tile=arguments.tile, layout=arguments.fn_layout, lse_units=arguments.lse_units)
     print(report.text, end="")
     trace = None
     if arguments.trace_tiles:
-        if arguments.tile == (0, 0):
-            raise _ArgumentError("--trace-tiles needs --tile BLOCK_MxBLOCK_N (the kernel's tiles)")
         trace = ft.trace_tiles(target, problem, tile=arguments.tile, layout=arguments.fn_layout)
         print(trace.text, end="")
-    print(f"repeat with: {problem.command()}" + (" --backward" if arguments.backward else ""))
-    if arguments.json:
-        print(report.to_json())
+    print(f"inputs: {problem.command()}" + (" --backward" if arguments.backward else "")
+          + "  (flashlab-run makes the same q, k, v)")
     passed = report.passed and (trace is None or trace.matches)
+    if arguments.json:
+        data = json.loads(report.to_json())
+        if trace is not None:
+            data["trace"] = trace.data
+        data["passed"] = passed
+        print(json.dumps(data))
     return EXIT_PASS if passed else EXIT_MISMATCH
 
 
@@ -154,7 +196,7 @@ def _run_bench(arguments, problem_options) -> int:
                                  "is in the table as 'flashlab'; flashlab-bench times each kernel)")
         functions[text] = target
     lengths = arguments.seqlen_list or [None]
-    problems = [ft.problem_from_arguments(problem_options if n is None else _replace_lengths(problem_options, n))
+    problems = [_problem(problem_options if n is None else _replace_lengths(problem_options, n), None)
                 for n in lengths]
     directions = [d for d in arguments.directions.split(",") if d]
     table = ft.bench(functions, problems, directions=directions, layout=arguments.fn_layout,
@@ -170,7 +212,9 @@ def _run_bench(arguments, problem_options) -> int:
 
 
 def main(argv=None) -> int:
-    arguments, problem_options = parser().parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    wants_help = any(a in ("-h", "--help") for a in argv)
+    arguments, problem_options = parser(with_problem_help=wants_help).parse_known_args(argv)
     try:
         if arguments.command == "check":
             return _run_check(arguments, problem_options)
@@ -178,14 +222,9 @@ def main(argv=None) -> int:
     except _ArgumentError as error:
         print(f"python -m flashlab.testing: {error}", file=sys.stderr)
         return EXIT_BAD_ARGUMENTS
-    except ValueError as error:  # the problem options (the C++ parser's message) and bad values
-        print(f"python -m flashlab.testing: {str(error).splitlines()[0]}", file=sys.stderr)
-        return EXIT_BAD_ARGUMENTS
-    except RuntimeError as error:
-        if "needs a GPU" in str(error) or "no CUDA" in str(error).lower():
-            print(f"python -m flashlab.testing: {str(error).splitlines()[0]}", file=sys.stderr)
-            return EXIT_NO_GPU
-        raise
+    except Exception:  # noqa: BLE001  (the function under test failed: its traceback, a mismatch)
+        traceback.print_exc()
+        return EXIT_MISMATCH
 
 
 if __name__ == "__main__":

@@ -59,8 +59,9 @@ class Report:
 
     def assert_passed(self) -> "Report":
         if not self.passed:
-            raise CheckFailed("\n" + self.text + f"repeat with: {self.problem.command()}"
-                              + (" --backward" if self.direction == "backward" else ""))
+            raise CheckFailed("\n" + self.text + f"inputs: {self.problem.command()}"
+                              + (" --backward" if self.direction == "backward" else "")
+                              + "  (flashlab-run makes the same q, k, v)")
         return self
 
     def __str__(self) -> str:
@@ -71,6 +72,10 @@ class Report:
 
 
 def _name_of(fn) -> str:
+    if isinstance(fn, str):
+        return fn
+    if isinstance(fn, partial):
+        return _name_of(fn.func)
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     return f"{module}.{name}" if module and module != "__main__" else name
@@ -87,12 +92,26 @@ def _poison_allocator(like, device: torch.device):
     del blocks
 
 
-def _accepts(fn, name: str) -> bool:
+def _accepts(fn, name: str, through_var_keyword: bool = True) -> bool:
+    """Whether fn takes the keyword `name`: a parameter of that name, or (when
+    through_var_keyword) a **kwargs it may forward."""
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-    return name in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    return name in parameters or (through_var_keyword and any(p.kind == p.VAR_KEYWORD
+                                                              for p in parameters.values()))
+
+
+def _tile(tile) -> Tuple[int, int]:
+    """(block_m, block_n) as the report names tiles: both > 0, or (0, 0) for no tiles."""
+    if not (isinstance(tile, (tuple, list)) and len(tile) == 2 and all(isinstance(t, int) for t in tile)):
+        raise ValueError(f"flashlab.testing: tile {tile!r}; expected (block_m, block_n), two integers")
+    block_m, block_n = tile
+    if (block_m, block_n) != (0, 0) and not (0 < block_m < 2 ** 31 and 0 < block_n < 2 ** 31):
+        raise ValueError(f"flashlab.testing: tile {tile!r}; expected block_m and block_n > 0 (your kernel's "
+                         "tiles), or (0, 0) for a report without tiles")
+    return block_m, block_n
 
 
 def _lse_shape(problem: Problem):
@@ -121,17 +140,23 @@ def _run(fn, problem: Problem, q, k, v, layout: str, sinks=None):
     out_shape = positional[0].shape
     _poison_allocator([(out_shape, problem.dtype), (_lse_shape(problem), torch.float32),
                        (out_shape, torch.float32)], problem.device)
-    if _accepts(fn, "out") and "out" not in keywords:
-        keywords["out"] = torch.full(out_shape, float("nan"), dtype=problem.dtype, device=problem.device)
+    given_out = None
+    if _accepts(fn, "out", through_var_keyword=False):
+        given_out = keywords["out"] = torch.full(out_shape, float("nan"), dtype=problem.dtype,
+                                                 device=problem.device)
     result = fn(*positional, **keywords)
+    if result is None and given_out is not None:  # wrote into out= and returned nothing
+        result = given_out
     if isinstance(result, (tuple, list)):
-        out = result[0]
+        out = result[0] if len(result) > 0 else None
         lse = result[1] if len(result) > 1 and isinstance(result[1], torch.Tensor) else None
     else:
         out, lse = result, None
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"flashlab.testing: the function returned {type(result).__name__}; expected out, or "
-                        "(out, lse, ...) with out a tensor")
+        returned = type(result).__name__ if not isinstance(result, (tuple, list)) else \
+            f"a {type(result).__name__} whose first entry is {type(out).__name__}"
+        raise TypeError(f"flashlab.testing: {_name_of(fn)} returned {returned}; expected out, or (out, lse, ...) "
+                        "with out a tensor")
     if layout == "bhsd":
         out = _bhsd(out)
     return out, lse
@@ -164,6 +189,7 @@ def check(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0), name: 
     natural log unless lse_units="log2"; without it only out is compared. Outputs are
     poisoned: fn's `out` argument if it has one, else NaN left in the CUDA allocator's
     blocks of the output's size, so unwritten elements fail."""
+    tile = _tile(tile)
     if isinstance(fn, str):  # a flashlab kernel by name, through the harness's run step
         out, lse = run_kernel(fn, problem)
     else:
@@ -173,7 +199,7 @@ def check(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0), name: 
         torch.cuda.synchronize(problem.device)
     text, data = torch.ops.flashlab.testing_check(problem.arguments, problem.tensors, out.detach(),
                                                   None if lse is None else lse.detach(), name or _name_of(fn),
-                                                  int(tile[0]), int(tile[1]))
+                                                  *tile)
     report = Report(text, data, problem, "forward")
     return report.assert_passed() if raise_on_failure else report
 
@@ -181,18 +207,27 @@ def check(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0), name: 
 def _copies(problem: Problem, requires_grad: bool = False):
     """q, k, v for the user's function: copies with the problem's strides (packed-qkv stays
     three views of one buffer), so the reference's inputs stay as drawn whatever the
-    function writes; with requires_grad, a function from the copies' leaves' grads to dq, dk, dv."""
+    function writes; with requires_grad, also a function giving dq, dk, dv after the
+    backward, None for one that received no gradient."""
     q, k, v = problem.q, problem.k, problem.v
-    base = q._base
-    if base is not None and k._base is base and v._base is base:
-        leaf = base.detach().clone().requires_grad_(requires_grad)
-        views = [torch.as_strided(leaf, x.shape, x.stride(), x.storage_offset()) for x in (q, k, v)]
-        grads = lambda: [None if leaf.grad is None else torch.as_strided(  # noqa: E731
-            leaf.grad, x.shape, x.stride(), x.storage_offset()) for x in (q, k, v)]
-    else:
-        views = [x.detach().clone().requires_grad_(requires_grad) for x in (q, k, v)]
-        grads = lambda: [x.grad for x in views]  # noqa: E731
-    return (views, grads) if requires_grad else views
+    if problem.info["layout"] != "packed-qkv":
+        copies = [x.detach().clone().requires_grad_(requires_grad) for x in (q, k, v)]
+        return (copies, lambda: [x.grad for x in copies]) if requires_grad else copies
+    buffer = q._base.detach().clone().requires_grad_(requires_grad)
+    views = [torch.as_strided(buffer, x.shape, x.stride(), x.storage_offset()) for x in (q, k, v)]
+    if not requires_grad:
+        return views
+    # The views are not leaves: hooks record which of them a gradient reached.
+    reached = [False, False, False]
+    for index, view in enumerate(views):
+        view.register_hook(lambda grad, index=index: reached.__setitem__(index, True))
+
+    def gradients():
+        if buffer.grad is None:
+            return [None, None, None]
+        return [torch.as_strided(buffer.grad, x.shape, x.stride(), x.storage_offset()) if got else None
+                for x, got in zip((q, k, v), reached)]
+    return views, gradients
 
 
 def _autograd_run(fn, problem: Problem, layout: str):
@@ -220,6 +255,7 @@ def check_backward(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0
     gradients' rule (three times torch's same-precision error, plus the atol). A gradient fn
     never produces is NaN in the report. The report names the first bad element of each
     tensor, key rows for dk/dv with the query tiles that touch them."""
+    tile = _tile(tile)
     if isinstance(fn, str):  # a flashlab kernel by name, through the harness's run steps
         out, lse, dq, dk, dv, dsinks = run_kernel(fn, problem, backward=True)
     else:
@@ -229,8 +265,7 @@ def check_backward(fn: Callable, problem: Problem, tile: Tuple[int, int] = (0, 0
         torch.cuda.synchronize(problem.device)
     text, data = torch.ops.flashlab.testing_check_backward(
         problem.arguments, problem.tensors, problem.dout, out.detach(), None if lse is None else lse.detach(),
-        dq, dk, dv, dsinks,
-        name or _name_of(fn), int(tile[0]), int(tile[1]))
+        dq, dk, dv, dsinks, name or _name_of(fn), *tile)
     report = Report(text, data, problem, "backward")
     return report.assert_passed() if raise_on_failure else report
 
@@ -269,7 +304,10 @@ def trace_tiles(fn: Callable, problem: Problem, tile: Tuple[int, int], name: Opt
     (descending: the key tiles are visited last first) and names the first key tile where
     any row departs, a wrong m before a wrong l (flashlab-run --trace-tiles for a CUDA
     kernel). States the kernel never writes (tiles it skips) are not compared."""
-    row_max, row_sum = torch.ops.flashlab.testing_trace_buffers(problem.arguments, problem.q, int(tile[1]))
+    tile = _tile(tile)
+    if tile == (0, 0):
+        raise ValueError("flashlab.testing.trace_tiles: needs tile=(block_m, block_n), the kernel's tiles")
+    row_max, row_sum = torch.ops.flashlab.testing_trace_buffers(problem.arguments, problem.q, tile[1])
     if not _accepts(fn, "tile_trace"):
         raise TypeError(f"flashlab.testing.trace_tiles: {_name_of(fn)} takes no tile_trace argument; the kernel "
                         "records its states into tile_trace=(row_max, row_sum) (see trace_tiles' docstring)")
@@ -277,8 +315,7 @@ def trace_tiles(fn: Callable, problem: Problem, tile: Tuple[int, int], name: Opt
     if problem.device.type == "cuda":
         torch.cuda.synchronize(problem.device)
     text, data = torch.ops.flashlab.testing_trace_report(problem.arguments, problem.tensors, row_max, row_sum,
-                                                         name or _name_of(fn), int(tile[0]), int(tile[1]),
-                                                         bool(descending))
+                                                         name or _name_of(fn), *tile, bool(descending))
     return TraceReport(text, data, problem)
 
 
@@ -288,6 +325,9 @@ def run_kernel(kernel: str, problem: Problem, backward: bool = False):
     lse), or with backward (out, lse, dq, dk, dv, dsinks or None). check(kernel_name, problem)
     uses it. For comparing a kernel with yours on the
     same inputs, and for checking that flashlab-run and check agree."""
+    if problem.device.type != "cuda":
+        raise ValueError(f"flashlab.testing.run_kernel: {kernel} runs on the GPU; the problem is on "
+                         f"{problem.device} (make it with device='cuda')")
     tensors = torch.ops.flashlab.testing_run_kernel(problem.arguments, kernel, backward)
     if not backward:
         return tuple(tensors)

@@ -14,14 +14,16 @@ import flashlab  # noqa: F401  (loads the extension: torch.ops.flashlab.testing_
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
 
 
 def _dtype_name(dtype) -> str:
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ValueError(f"flashlab.testing: dtype {dtype!r}; accepted: {', '.join(DTYPES)} "
-                             "(or torch.float32, torch.float16, torch.bfloat16)")
-        return dtype
+        name = _DTYPE_ALIASES.get(dtype, dtype)
+        if name not in DTYPES:
+            raise ValueError(f"flashlab.testing: dtype {dtype!r}; accepted: {', '.join(DTYPES)} (or float32, "
+                             "float16, bfloat16, torch.float32, torch.float16, torch.bfloat16)")
+        return name
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"flashlab.testing: dtype {dtype}; accepted: torch.float32, torch.float16, torch.bfloat16")
     return _DTYPE_NAMES[dtype]
@@ -32,31 +34,37 @@ def default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def problem_arguments(batch: int = 2, heads: int = 8, kv_heads: Optional[int] = None, seqlen_q: int = 113,
-                      seqlen_k: Optional[int] = None, head_dim: int = 64, dtype="fp16", causal: bool = False,
-                      window: Optional[Tuple[int, int]] = None, softmax_scale: Optional[float] = None,
-                      seed: Optional[int] = None, layout: str = "bshd", seqlens: Optional[Sequence[int]] = None,
-                      seqlens_k: Optional[Sequence[int]] = None, softcap: float = 0.0, alibi: Optional[str] = None,
-                      sinks: bool = False) -> list:
+def problem_arguments(batch: Optional[int] = None, heads: int = 8, kv_heads: Optional[int] = None,
+                      seqlen_q: Optional[int] = None, seqlen_k: Optional[int] = None, head_dim: int = 64,
+                      dtype="fp16", causal: bool = False, window: Optional[Tuple[int, int]] = None,
+                      softmax_scale: Optional[float] = None, seed: Optional[int] = None, layout: str = "bshd",
+                      seqlens: Optional[Sequence[int]] = None, seqlens_k: Optional[Sequence[int]] = None,
+                      softcap: float = 0.0, alibi: Optional[str] = None, sinks: bool = False,
+                      float64_reference: bool = False) -> list:
     """flashlab-run's problem options for these keywords (a fresh seed when none is given,
-    as flashlab-run picks one: it is in the options, so a report can be repeated)."""
+    as flashlab-run picks one: it is in the options, so a report can be repeated). A fixed
+    length batch defaults to batch 2, seqlen_q 113 (flashlab-run's defaults)."""
     if seed is None:
         seed = random.randrange(1_000_000)
     arguments = ["--heads", str(heads), "--head-dim", str(head_dim), "--dtype", _dtype_name(dtype),
                  "--seed", str(seed), "--layout", layout]
-    if seqlens is not None:
-        arguments += ["--seqlens", ",".join(str(n) for n in seqlens)]
-        if seqlens_k is not None:
-            arguments += ["--seqlens-k", ",".join(str(n) for n in seqlens_k)]
-    else:
-        arguments += ["--batch", str(batch), "--seqlen-q", str(seqlen_q)]
-        if seqlen_k is not None:
-            arguments += ["--seqlen-k", str(seqlen_k)]
+    # Given keywords become options, so flashlab-run's parser rejects what does not go
+    # together (seqlens with batch or seqlen_q, seqlens_k without seqlens).
+    for option, value in (("--batch", batch), ("--seqlen-q", seqlen_q), ("--seqlen-k", seqlen_k)):
+        if value is not None:
+            arguments += [option, str(value)]
+    for option, lengths in (("--seqlens", seqlens), ("--seqlens-k", seqlens_k)):
+        if lengths is not None:
+            arguments += [option, ",".join(str(n) for n in lengths)]
+    if float64_reference:
+        arguments.append("--float64-reference")
     if kv_heads is not None:
         arguments += ["--kv-heads", str(kv_heads)]
     if causal:
         arguments.append("--causal")
     if window is not None:
+        if not (isinstance(window, (tuple, list)) and len(window) == 2):
+            raise ValueError(f"flashlab.testing: window {window!r}; expected (left, right), -1 for unbounded")
         left, right = window
         arguments += ["--window-left", str(left), "--window-right", str(right)]
     if softmax_scale is not None:
@@ -163,8 +171,9 @@ class Problem:
         softmax_scale, and window_size / softcap / alibi_slopes / sinks only when the
         problem has them (so a function without them still takes the plain problems)."""
         positional = [self.q, self.k, self.v]
+        # Copies of what a function could write into (the reference reads the problem's own).
         if self.varlen:
-            positional += [self.cu_seqlens_q, self.cu_seqlens_k, self.info["max_seqlen_q"],
+            positional += [self.cu_seqlens_q.clone(), self.cu_seqlens_k.clone(), self.info["max_seqlen_q"],
                            self.info["max_seqlen_k"]]
         keywords = {"causal": self.causal, "softmax_scale": self.softmax_scale}
         if self.window_size != (-1, -1):
@@ -172,9 +181,9 @@ class Problem:
         if self.info["softcap"]:
             keywords["softcap"] = self.info["softcap"]
         if self.alibi_slopes is not None:
-            keywords["alibi_slopes"] = self.alibi_slopes
+            keywords["alibi_slopes"] = self.alibi_slopes.clone()
         if self.sinks is not None:
-            keywords["sinks"] = self.sinks
+            keywords["sinks"] = self.sinks.clone()
         return positional, keywords
 
     def __repr__(self) -> str:
@@ -198,11 +207,11 @@ def problem(device=None, **options) -> Problem:
         p = flashlab.testing.problem(batch=2, heads=8, kv_heads=2, seqlen_q=1023, head_dim=64,
                                      dtype="bf16", causal=True, seed=1)
 
-    Keywords (flashlab-run's option in brackets): batch, heads, kv_heads [default heads],
-    seqlen_q, seqlen_k [default seqlen_q], head_dim, dtype ("fp16", "bf16", "fp32" or a torch
-    dtype), causal, window=(left, right), softmax_scale [default 1/sqrt(head_dim)], seed
+    Keywords (flashlab-run's option in brackets): batch [2], heads, kv_heads [default heads],
+    seqlen_q [113], seqlen_k [default seqlen_q], head_dim, dtype ("fp16", "bf16", "fp32" or a
+    torch dtype), causal, window=(left, right), softmax_scale [default 1/sqrt(head_dim)], seed
     [default: a fresh one, kept in p.arguments], layout ("bshd" or "packed-qkv": q, k, v views
-    of one buffer), seqlens / seqlens_k (a varlen batch, packed rows), softcap, alibi
-    ("per-head", "per-batch"), sinks. device: the current CUDA device by default, else the
+    of one buffer), seqlens / seqlens_k (a varlen batch, packed rows: instead of batch and
+    seqlen_q/k), softcap, alibi ("per-head", "per-batch"), sinks, float64_reference. device: the current CUDA device by default, else the
     CPU (cuRAND's host generator: the same values)."""
     return problem_from_arguments(problem_arguments(**options), device)

@@ -69,32 +69,27 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 log "GoogleTest and Google Benchmark present"
 
-# 4. pytest, for the Python package's tests (ctest python_cpu and python_gpu run
-#    tests/python against the build tree; without pytest they report skipped).
-if "$python" -c 'import pytest' >/dev/null 2>&1; then
-  log "pytest present"
-elif "$python" -m pip install --quiet pytest; then
-  log "installed pytest into $python"
-else
-  log "warning: could not install pytest for $python: the Python tests will report skipped"
-fi
+# Installs a Python package with pip unless `check` (Python code) succeeds:
+# python_package NAME CHECK REQUIREMENT WHAT-FAILS-WITHOUT-IT
+python_package() {
+  if "$python" -c "$2" >/dev/null 2>&1; then
+    log "$1 present"
+  elif "$python" -m pip install --quiet "$3"; then
+    log "installed $1 into $python"
+  else
+    log "warning: could not install $1 for $python: $4"
+  fi
+}
 
-# 4b. numpy, for Triton's CPU interpreter: the Triton example's tests (ctest
-#     triton_example) run its kernels on the CPU without a GPU; they skip without it.
-if "$python" -c 'import numpy' >/dev/null 2>&1; then
-  log "numpy present"
-elif "$python" -m pip install --quiet numpy; then
-  log "installed numpy into $python"
-else
-  log "warning: could not install numpy for $python: the Triton example's CPU tests will report skipped"
-fi
+# 4. pytest, for the Python package's tests (ctest python_cpu and python_gpu run
+#    tests/python against the build tree; without pytest they report skipped), and
+#    numpy, for Triton's CPU interpreter: the Triton example's tests (ctest
+#    triton_example) run its kernels on the CPU without a GPU; they skip without it.
+python_package pytest 'import pytest' pytest "the Python tests will report skipped"
+python_package numpy 'import numpy' numpy "the Triton example's CPU tests will report skipped"
 
 # 5. scikit-build-core, the Python package's build backend (pip install / pip wheel
 #    --no-build-isolation . build against this Python's torch, so the backend must be here).
-if "$python" -c 'import scikit_build_core, sys; sys.exit(0 if tuple(map(int, scikit_build_core.__version__.split(".")[:2])) >= (0, 10) else 1)' >/dev/null 2>&1; then
-  log "scikit-build-core present"
-elif "$python" -m pip install --quiet "scikit-build-core>=0.10"; then
-  log "installed scikit-build-core into $python"
-else
-  log "warning: could not install scikit-build-core for $python: pip install/wheel --no-build-isolation . will fail"
-fi
+python_package scikit-build-core \
+  'import scikit_build_core, sys; sys.exit(0 if tuple(map(int, scikit_build_core.__version__.split(".")[:2])) >= (0, 10) else 1)' \
+  "scikit-build-core>=0.10" "pip install/wheel --no-build-isolation . will fail"

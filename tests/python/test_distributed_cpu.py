@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flashlab.distributed import (
+    BlockOps,
     merge_partial,
     reference_block_ops,
     ring_flash_attn_func,
@@ -94,6 +95,34 @@ def test_distributed_attention_matches_single_process_attention(scheme, world, s
         error = (gathered[name].double() - want.double()).abs().max().item()
         bound = 1e-5 if name == "lse" else 1e-9  # attention_ref's lse is float32
         assert error < bound, f"{name}: max error {error:.3e} against single-process attention"
+
+
+def _deterministic_worker(rank, world, init_file, results):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        flags = []
+
+        def recording_backward(*args, deterministic=False, **kwargs):
+            flags.append(deterministic)
+            return reference_block_ops.backward(*args, deterministic=deterministic, **kwargs)
+        ops = BlockOps(reference_block_ops.forward, recording_backward)
+        q, k, v, dout = _problem(24, 2)
+        for function in (ring_flash_attn_func, ulysses_flash_attn_func):
+            local = [x.chunk(world, dim=1)[rank].clone().requires_grad_() for x in (q, k, v)]
+            function(*local, block_ops=ops, deterministic=True).backward(dout.chunk(world, dim=1)[rank])
+        torch.save(flags, os.path.join(results, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_deterministic_reaches_every_block_backward():
+    world = 2
+    with tempfile.TemporaryDirectory() as results:
+        mp.spawn(_deterministic_worker, args=(world, os.path.join(results, "init"), results), nprocs=world,
+                 join=True)
+        flags = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+    # The ring: one block backward a step (world steps); Ulysses: one.
+    assert all(f == [True] * (world + 1) for f in flags), flags
 
 
 def test_zigzag_round_trip_and_balance():

@@ -2,8 +2,8 @@
 attention with flashlab's kernels per block, on every GPU of the machine (2 to 4 ranks,
 NCCL), against the same attention of the whole sequence: out and the gradients within
 flash-attn's rule (attention_reference.py: 2x / 3x PyTorch's error in the input dtype
-against float32). Skipped with fewer than two GPUs. Written in session 23 without a
-multi-GPU machine: not yet run."""
+against float32). Skipped with fewer than two GPUs. With deterministic=True three runs give bitwise equal
+gradients. Written in sessions 23-24 without a multi-GPU machine: not yet run."""
 import os
 import tempfile
 
@@ -29,20 +29,22 @@ def _problem(seqlen, kv_heads):
             normal(BATCH, seqlen, kv_heads, HEAD_DIM), normal(BATCH, seqlen, HEADS, HEAD_DIM))
 
 
-def _worker(rank, world, init_file, seqlen, kv_heads, causal, scheme, results):
+def _worker(rank, world, init_file, seqlen, kv_heads, causal, scheme, results, deterministic=False, runs=1):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         zigzag = scheme == "ring" and causal
         shard = (lambda x: zigzag_shard(x, rank, world)) if zigzag else (lambda x: x.chunk(world, dim=1)[rank])
         q, k, v, dout = (shard(x).cuda() for x in _problem(seqlen, kv_heads))
-        local = [x.clone().requires_grad_() for x in (q, k, v)]
         attention = ring_flash_attn_func if scheme == "ring" else ulysses_flash_attn_func
-        out = attention(*local, causal=causal)
-        out.backward(dout)
-        torch.save({name: t.detach().cpu() for name, t in
-                    (("out", out), ("dq", local[0].grad), ("dk", local[1].grad), ("dv", local[2].grad))},
-                   os.path.join(results, f"{rank}.pt"))
+        saved = []
+        for _ in range(runs):
+            local = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = attention(*local, causal=causal, deterministic=deterministic)
+            out.backward(dout)
+            saved.append({name: t.detach().cpu() for name, t in
+                          (("out", out), ("dq", local[0].grad), ("dk", local[1].grad), ("dv", local[2].grad))})
+        torch.save(saved[0] if runs == 1 else saved, os.path.join(results, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -68,3 +70,16 @@ def test_distributed_matches_one_gpu(scheme, seqlen, kv_heads, causal):
     grads_same = torch.autograd.grad(out_same, same, dout)
     for name, grad_precise, grad_same in zip(("dq", "dk", "dv"), grads_precise, grads_same):
         assert_close_to_reference(name, gathered[name].cuda(), grad_precise, grad_same, 3, DTYPE)
+
+
+@pytest.mark.parametrize("scheme", ["ring", "ulysses"])
+def test_deterministic_gradients_are_bitwise_reproducible(scheme):
+    world = min(torch.cuda.device_count(), 4)
+    with tempfile.TemporaryDirectory() as results:
+        mp.spawn(_worker, args=(world, os.path.join(results, "init"), 2048, 2, True, scheme, results, True, 3),
+                 nprocs=world, join=True)
+        for rank in range(world):
+            runs = torch.load(os.path.join(results, f"{rank}.pt"))
+            for later in runs[1:]:
+                for name in ("out", "dq", "dk", "dv"):
+                    assert torch.equal(later[name], runs[0][name]), f"rank {rank}: {name} differs between runs"

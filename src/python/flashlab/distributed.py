@@ -134,8 +134,9 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
 @dataclass(frozen=True)
 class BlockOps:
     """forward(q, k, v, causal, softmax_scale) -> (out, lse float32 (batch, heads, seqlen_q));
-    backward(dout, q, k, v, out, lse, causal, softmax_scale) -> (dq, dk, dv): one block's
-    share of the gradients given the final out and lse. varlen_forward / varlen_backward:
+    backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic=False) -> (dq, dk,
+    dv): one block's share of the gradients given the final out and lse (deterministic: the
+    kernel's bitwise-reproducible mode). varlen_forward / varlen_backward:
     the same on packed rows, with (cu_seqlens_q, max_seqlen_q, cu_seqlens_k,
     max_seqlen_k) after v, lse (heads, total_q)."""
     forward: Callable
@@ -149,8 +150,9 @@ def _flashlab_forward(q, k, v, causal, softmax_scale):
     return out, lse
 
 
-def _flashlab_backward(dout, q, k, v, out, lse, causal, softmax_scale):
-    dq, dk, dv, _ = torch.ops.flashlab.bwd(dout, q, k, v, out, lse, softmax_scale, causal, -1, -1, False, "auto")
+def _flashlab_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic=False):
+    dq, dk, dv, _ = torch.ops.flashlab.bwd(dout, q, k, v, out, lse, softmax_scale, causal, -1, -1, deterministic,
+                                           "auto")
     return dq, dk, dv
 
 
@@ -159,9 +161,10 @@ def _flashlab_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_
                                          "auto")
 
 
-def _flashlab_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+def _flashlab_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale,
+                              deterministic=False):
     dq, dk, dv, _ = torch.ops.flashlab.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, softmax_scale,
-                                                  causal, -1, -1, False, "auto")
+                                                  causal, -1, -1, deterministic, "auto")
     return dq, dk, dv
 
 
@@ -195,7 +198,7 @@ def _reference_forward(q, k, v, causal, softmax_scale):
     return out.to(q.dtype), lse.to(_accumulator_dtype(q))
 
 
-def _reference_backward(dout, q, k, v, out, lse, causal, softmax_scale):
+def _reference_backward(dout, q, k, v, out, lse, causal, softmax_scale, deterministic=False):
     heads, kv_heads = q.shape[2], k.shape[2]
     _, probabilities = _reference_probabilities(q, k, causal, softmax_scale, lse)
     probabilities = torch.nan_to_num(probabilities, nan=0.0)
@@ -227,7 +230,8 @@ def _reference_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax
     return out, lse
 
 
-def _reference_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+def _reference_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale,
+                               deterministic=False):
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     for qs, qe, ks, ke in _sequences(cu_q, cu_k):
         if qe > qs and ke > ks:
@@ -320,8 +324,8 @@ class _DenseLayout:
     def forward(self, ops, q, k, v, causal, scale, part):
         return ops.forward(q, k, v, causal, scale)
 
-    def backward(self, ops, dout, q, k, v, out, lse, causal, scale, part):
-        return ops.backward(dout, q, k, v, out, lse, causal, scale)
+    def backward(self, ops, dout, q, k, v, out, lse, causal, scale, part, deterministic):
+        return ops.backward(dout, q, k, v, out, lse, causal, scale, deterministic=deterministic)
 
 
 class _VarlenLayout:
@@ -376,8 +380,9 @@ class _VarlenLayout:
     def forward(self, ops, q, k, v, causal, scale, part):
         return ops.varlen_forward(q, k, v, *self._lengths(part), causal, scale)
 
-    def backward(self, ops, dout, q, k, v, out, lse, causal, scale, part):
-        return ops.varlen_backward(dout, q, k, v, out, lse, *self._lengths(part), causal, scale)
+    def backward(self, ops, dout, q, k, v, out, lse, causal, scale, part, deterministic):
+        return ops.varlen_backward(dout, q, k, v, out, lse, *self._lengths(part), causal, scale,
+                                   deterministic=deterministic)
 
 
 def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout):
@@ -409,7 +414,8 @@ def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, la
     return out.to(q.dtype), lse.to(torch.float32) if acc == torch.float32 else lse
 
 
-def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout):
+def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout,
+                   deterministic=False):
     acc = _accumulator_dtype(q)
     dq = torch.zeros_like(q, dtype=acc)
     # Two transfers per step, each in flight while a block computes: the K/V the next
@@ -425,16 +431,16 @@ def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, 
         part, block_causal = _step_shape(causal, ring.rank, source)
         if part == "all":
             dq_b, dk_b, dv_b = layout.backward(ops, dout, q, k_cur, v_cur, out, lse, block_causal, softmax_scale,
-                                               part)
+                                               part, deterministic)
             dq += dq_b.to(acc)
         elif part == "keys_first":
             dq_b, dk_b, dv_b = layout.backward(ops, dout, q, layout.first(k_cur), layout.first(v_cur), out, lse,
-                                               False, softmax_scale, part)
+                                               False, softmax_scale, part, deterministic)
             dq += dq_b.to(acc)
         else:
             dq_b, dk_b, dv_b = layout.backward(ops, layout.second(dout), layout.second(q), k_cur, v_cur,
                                                layout.second(out), layout.second_lse(lse), False, softmax_scale,
-                                               part)
+                                               part, deterministic)
             layout.add_second(dq, dq_b.to(acc))
         ring.wait(gradient_requests)
         dk_acc, dv_acc = gradient_received if gradient_received is not None else \
@@ -456,11 +462,12 @@ def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, group, ops, layout):
+    def forward(ctx, q, k, v, softmax_scale, causal, group, ops, layout, deterministic):
         ring = _Ring(group)
         out, lse = _ring_forward(q, k, v, causal, softmax_scale, ring, ops, layout)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops, ctx.layout = softmax_scale, causal, group, ops, layout
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -468,17 +475,20 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
-                                    _Ring(ctx.group), ctx.ops, ctx.layout)
-        return dq, dk, dv, None, None, None, None, None
+                                    _Ring(ctx.group), ctx.ops, ctx.layout, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
-                         group=None, block_ops: Optional[BlockOps] = None, return_lse: bool = False):
+                         group=None, block_ops: Optional[BlockOps] = None, return_lse: bool = False,
+                         deterministic: bool = False):
     """Attention over the whole sequence of which each rank of `group` (default: the
     world) holds one shard: q (batch, seqlen / world, heads, head_dim), k, v (batch,
     seqlen / world, kv_heads, head_dim); for causal, the zigzag shards (zigzag_shard).
     Returns the rank's out shard (and the LSE (batch, heads, seqlen / world) with
-    return_lse); differentiable in q, k, v. block_ops: flashlab's kernels by default."""
+    return_lse); differentiable in q, k, v. block_ops: flashlab's kernels by default.
+    deterministic: each block's backward in its deterministic mode; the ring adds the
+    blocks' shares in a fixed order, so the gradients are then bitwise reproducible."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"ring_flash_attn_func: q, k, v must be (batch, seqlen, heads, head_dim); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -490,13 +500,13 @@ def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal:
                          f"{q.shape[1]} rows")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
-                                    _DenseLayout(q.shape[1]))
+                                    _DenseLayout(q.shape[1]), bool(deterministic))
     return (out, lse) if return_lse else out
 
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None,
                                 causal: bool = False, group=None, block_ops: Optional[BlockOps] = None,
-                                return_lse: bool = False):
+                                return_lse: bool = False, deterministic: bool = False):
     """ring_flash_attn_func for packed sequences: q (total / world, heads, head_dim), k, v
     (total / world, kv_heads, head_dim), this rank's rows of every sequence back to back;
     cu_seqlens (int32, on q's device) and max_seqlen describe the rank's rows (each
@@ -510,7 +520,7 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen: int, softmax_sc
                          f"on a rank must be even; got lengths {cu_seqlens.diff().tolist()}")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
-                                    _VarlenLayout(cu_seqlens, int(max_seqlen)))
+                                    _VarlenLayout(cu_seqlens, int(max_seqlen)), bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -540,7 +550,7 @@ def _heads_to_sequence(x, group):
 
 class _UlyssesAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, group, ops):
+    def forward(ctx, q, k, v, softmax_scale, causal, group, ops, deterministic):
         world = dist.get_world_size(group)
         if k.shape[2] % world != 0:  # too few kv heads: repeat them up to a multiple of the world
             repeat = world // math.gcd(world, k.shape[2])
@@ -552,6 +562,7 @@ class _UlyssesAttention(torch.autograd.Function):
         out_h, lse_h = ops.forward(qh, kh, vh, causal, softmax_scale)
         ctx.save_for_backward(qh, kh, vh, out_h, lse_h)
         ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops = softmax_scale, causal, group, ops
+        ctx.deterministic = deterministic
         return _heads_to_sequence(out_h, group)
 
     @staticmethod
@@ -559,16 +570,17 @@ class _UlyssesAttention(torch.autograd.Function):
         qh, kh, vh, out_h, lse_h = ctx.saved_tensors
         group = ctx.group
         dout_h = _sequence_to_heads(dout.contiguous(), group)
-        dq_h, dk_h, dv_h = ctx.ops.backward(dout_h, qh, kh, vh, out_h, lse_h, ctx.causal, ctx.softmax_scale)
+        dq_h, dk_h, dv_h = ctx.ops.backward(dout_h, qh, kh, vh, out_h, lse_h, ctx.causal, ctx.softmax_scale,
+                                            deterministic=ctx.deterministic)
         dq, dk, dv = (_heads_to_sequence(x, group) for x in (dq_h, dk_h, dv_h))
         if ctx.kv_repeat > 1:  # the repeated heads' gradients sum into their source
             dk = dk.unflatten(2, (-1, ctx.kv_repeat)).sum(3)
             dv = dv.unflatten(2, (-1, ctx.kv_repeat)).sum(3)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def ulysses_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
-                            group=None, block_ops: Optional[BlockOps] = None):
+                            group=None, block_ops: Optional[BlockOps] = None, deterministic: bool = False):
     """ring_flash_attn_func's contract with contiguous shards (rank r holds rows r x rows ..),
     by all-to-all: heads must divide by the group's size (kv heads are repeated up to a
     multiple of it). Differentiable in q, k, v."""
@@ -580,4 +592,5 @@ def ulysses_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, caus
         raise ValueError(f"ulysses_flash_attn_func: heads ({q.shape[2]}) must be a multiple of kv heads "
                          f"({k.shape[2]})")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _UlyssesAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops)
+    return _UlyssesAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
+                                   bool(deterministic))

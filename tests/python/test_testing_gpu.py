@@ -62,10 +62,13 @@ def test_same_backward_verdict_as_flashlab_run(kernel):
     problem = ft.problem_from_arguments(arguments)
     report = ft.check_backward(kernel, problem, tile=(expected["block_q"], expected["block_k"]))
     assert report.passed == expected["passed"]
+    where = lambda bad: None if bad is None else {key: bad[key] for key in  # noqa: E731
+                                                  ("batch", "row", "head", "col", "actual", "expected")}
     for name in ("out", "lse", "dq", "dk", "dv"):
         mine, theirs = report.tensor(name), expected["tensors"][name]
         assert mine["max_abs_err"] == pytest.approx(theirs["max_abs_err"], rel=1e-6, abs=1e-9), name
-        assert mine["first_bad"] == theirs["first_bad"], name
+        # The element and values (the tile annotation of dq/dk/dv uses the kernel's backward tiles there).
+        assert where(mine["first_bad"]) == where(theirs["first_bad"]), name
 
 
 def test_inputs_equal_on_gpu_and_cpu():

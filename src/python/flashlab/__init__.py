@@ -6,8 +6,13 @@
     out = flashlab.flash_attn_func(q, k, v, causal=True, kernel="fa2_mma_sm80")   # one kernel
 
 The operators are torch.ops.flashlab.{fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache}
-(and kernels, the registry; check_errors, set_strict_checks, strict_checks). Importing flashlab loads the extension and makes no
-CUDA call.
+(and kernels, the registry; check_errors, set_strict_checks, strict_checks;
+merge_attention_states_, the ring's merge; testing_*, flashlab.testing's harness entries).
+Importing flashlab loads the extension and makes no CUDA call.
+
+Subpackages: flashlab.testing (check, time and locate bugs in attention kernels written in
+Python: Triton, CuTe DSL, torch) and flashlab.distributed (ring and Ulysses context
+parallelism over torch.distributed).
 """
 
 import torch

@@ -83,7 +83,8 @@ void check_device_errors(std::optional<int> device = std::nullopt);
 // split-KV combine's LSE rule for two parts over disjoint key sets (the ring
 // step of flashlab.distributed). out float32 (batch, rows, heads, head_dim)
 // with lse float32 (batch, heads, rows), or packed (rows, heads, head_dim) with
-// (heads, rows); block_out (any float dtype) and block_lse of the same shapes.
+// (heads, rows); block_out (float32, float16 or bfloat16) and block_lse of the
+// same shapes.
 // CUDA tensors on one device, any strides with contiguous columns; enqueued
 // on the current stream.
 void merge_attention_states_(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& block_out,

@@ -101,7 +101,8 @@ void finish_problem_options(ProblemOptions& options) {
     throw ArgumentError("--softcap must be >= 0 (0 = off); got " + std::to_string(spec.softcap));
 }
 
-ProblemSpec parse_problem(const std::vector<std::string>& arguments, const std::string& program) {
+ProblemSpec parse_problem(const std::vector<std::string>& arguments, const std::string& program,
+                          bool require_seed) {
   ProblemOptions options;
   ArgumentParser parser(program, "One seeded attention problem.");
   add_problem_options(parser, options);
@@ -109,6 +110,9 @@ ProblemSpec parse_problem(const std::vector<std::string>& arguments, const std::
   for (const std::string& argument : arguments) argv.push_back(argument.c_str());
   if (parser.parse(static_cast<int>(argv.size()), argv.data()).help)
     throw ArgumentError("the problem options are:\n" + parser.usage());
+  if (require_seed && !options.seed_given)
+    throw ArgumentError("--seed is needed: " + program + " parses the options at every call, and each would draw "
+                        "a fresh seed");
   finish_problem_options(options);
   return options.spec;
 }

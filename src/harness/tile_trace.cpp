@@ -132,6 +132,8 @@ TileTraceReport tile_trace_report(const std::string& name, const ProblemSpec& sp
                                   const TileShape& tiles, bool descending, const at::Tensor& row_max,
                                   const at::Tensor& row_sum) {
   TORCH_CHECK(!spec.is_varlen(), "tile traces take fixed-length problems, not varlen ones (", spec.describe(), ")");
+  TORCH_CHECK(!spec.modified(), "tile traces are compared with online softmax of unmodified scores; the problem has "
+              "softcap, ALiBi or sinks (", spec.describe(), ")");
   TORCH_CHECK(tiles.block_q > 0 && tiles.block_k > 0, "a tile trace needs the tile shape (block_q, block_k > 0); got ",
               tiles.block_q, "x", tiles.block_k);
   TileTraceReport report;

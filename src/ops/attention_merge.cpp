@@ -1,5 +1,6 @@
 // merge_attention_states_ (attention.h): checks the tensors and hands their
 // pointers and strides to the merge kernel (src/kernels/sm80/attention_merge/).
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -30,12 +31,18 @@ void merge_attention_states_(const at::Tensor& out, const at::Tensor& lse, const
                       "; expected float32 ", at::IntArrayRef(lse_shape));
   TORCH_CHECK_VALUE(out.scalar_type() == at::kFloat, "merge_attention_states_: out (the accumulator) must be "
                     "float32; got ", out.scalar_type());
-  for (const auto& [name, tensor] : {std::pair{"out", out}, std::pair{"lse", lse}, std::pair{"block_out", block_out},
+  TORCH_CHECK_VALUE(out.is_cuda(), "merge_attention_states_: out is on ", out.device(), "; expected a CUDA tensor");
+  for (const auto& [name, tensor] : {std::pair{"lse", lse}, std::pair{"block_out", block_out},
                                      std::pair{"block_lse", block_lse}}) {
-    TORCH_CHECK_VALUE(tensor.is_cuda() && tensor.device() == out.device(), "merge_attention_states_: ", name,
-                      " is on ", tensor.device(), "; every tensor must be on out's CUDA device (", out.device(),
-                      ")");
+    TORCH_CHECK_VALUE(tensor.device() == out.device(), "merge_attention_states_: ", name, " is on ", tensor.device(),
+                      "; every tensor must be on out's device (", out.device(), ")");
   }
+  const at::ScalarType block_dtype = block_out.scalar_type();
+  TORCH_CHECK_VALUE(block_dtype == at::kFloat || block_dtype == at::kHalf || block_dtype == at::kBFloat16,
+                    "merge_attention_states_: block_out is ", block_dtype, "; expected float32, float16 or bfloat16");
+  // Each row is read and written by one warp: an element shared by two rows (a stride 0) would race.
+  at::assert_no_internal_overlap(out);
+  at::assert_no_internal_overlap(lse);
   TORCH_CHECK_VALUE(out.stride(-1) == 1 && block_out.stride(-1) == 1,
                     "merge_attention_states_: out and block_out need contiguous columns (last stride 1); got ",
                     out.stride(-1), " and ", block_out.stride(-1));

@@ -50,7 +50,7 @@ using Report = std::tuple<std::string, std::string>;  // (text, JSON)
 
 ProblemSpec problem_of(const std::vector<std::string>& arguments) {
   try {
-    return parse_problem(arguments, "flashlab.testing");
+    return parse_problem(arguments, "flashlab.testing", /*require_seed=*/true);
   } catch (const ArgumentError& error) {
     C10_THROW_ERROR(ValueError, std::string("flashlab.testing: ") + error.what());
   }
@@ -132,13 +132,24 @@ ProblemInputs inputs_of(const ProblemSpec& spec, const std::vector<at::Tensor>& 
     TORCH_CHECK_VALUE(actual.sizes() == expected.sizes() && actual.scalar_type() == expected.scalar_type(),
                       "flashlab.testing: the problem's ", name, " is ", actual.sizes(), " ", actual.scalar_type(),
                       "; its options (", spec.describe(), ") make ", expected.sizes(), " ", expected.scalar_type());
-  const auto present = [](const at::Tensor& t) { return t.numel() > 0 ? t : at::Tensor(); };
+  // What the spec has must be there, shaped as make_inputs makes it (a missing one
+  // would give an unmodified reference, or a wrong one).
+  const auto take = [&](const char* name, const at::Tensor& given, const at::Tensor& expected) {
+    TORCH_CHECK_VALUE(given.sizes() == expected.sizes() && given.scalar_type() == expected.scalar_type() &&
+                          given.device() == inputs.q.device(),
+                      "flashlab.testing: the problem's ", name, " is ", given.sizes(), " ", given.scalar_type(), " on ",
+                      given.device(), "; its options make ", expected.sizes(), " ", expected.scalar_type(), " on ",
+                      inputs.q.device());
+    return given;
+  };
   if (spec.is_varlen()) {
-    inputs.cu_seqlens_q = tensors[3], inputs.cu_seqlens_k = tensors[4];
+    inputs.cu_seqlens_q = take("cu_seqlens_q", tensors[3], shapes.cu_seqlens_q);
+    inputs.cu_seqlens_k = take("cu_seqlens_k", tensors[4], shapes.cu_seqlens_k);
     inputs.max_seqlen_q = shapes.max_seqlen_q, inputs.max_seqlen_k = shapes.max_seqlen_k;
   }
-  if (spec.alibi != ProblemSpec::Alibi::none) inputs.alibi_slopes = present(tensors[5]);
-  if (spec.sinks) inputs.sinks = present(tensors[6]);
+  if (spec.alibi != ProblemSpec::Alibi::none)
+    inputs.alibi_slopes = take("alibi_slopes", tensors[5], shapes.alibi_slopes);
+  if (spec.sinks) inputs.sinks = take("sinks", tensors[6], shapes.sinks);
   return inputs;
 }
 
@@ -217,12 +228,12 @@ Report testing_check_backward(std::vector<std::string> arguments, std::vector<at
 // [out, lse] or, with backward, [out, lse, dq, dk, dv, dsinks (empty without sinks)],
 // on the current CUDA device, outputs poisoned with NaN as every check makes them.
 std::vector<at::Tensor> testing_run_kernel(std::vector<std::string> arguments, std::string kernel_name,
-                                           bool backward) {
+                                           bool backward, c10::Device device) {
   ProblemSpec spec = problem_of(arguments);
   spec.kernel = kernel_name;
   const std::string unavailable = cuda_unavailable_reason();
   TORCH_CHECK(unavailable.empty(), "flashlab.testing.run_kernel needs a GPU: ", unavailable);
-  const at::Device device = current_cuda_device();
+  TORCH_CHECK_VALUE(device.is_cuda(), "flashlab.testing.run_kernel: kernels run on a CUDA device; got ", device);
   const c10::cuda::CUDAGuard guard(device);
   const ProblemInputs inputs = make_inputs(spec, device);
   const KernelVariant& kernel = backward ? resolve_backward_kernel(spec, inputs) : resolve_kernel(spec, inputs);
@@ -238,6 +249,8 @@ std::tuple<at::Tensor, at::Tensor> testing_trace_buffers(std::vector<std::string
                                                           int64_t block_k) {
   const ProblemSpec spec = problem_of(arguments);
   TORCH_CHECK_VALUE(!spec.is_varlen(), "flashlab.testing: tile traces take fixed-length problems, not --seqlens");
+  TORCH_CHECK_VALUE(!spec.modified(), "flashlab.testing: tile traces are compared with online softmax of unmodified "
+                    "scores; leave out --softcap, --alibi and --sinks");
   TORCH_CHECK_VALUE(block_k > 0, "flashlab.testing: a tile trace needs the kernel's block_n (> 0); got ", block_k);
   const int64_t key_tiles = (spec.seqlen_k + block_k - 1) / block_k;
   const at::Tensor row_max =
@@ -287,7 +300,8 @@ TORCH_LIBRARY_FRAGMENT(flashlab, m) {
       "testing_check_backward(str[] arguments, Tensor[] problem, Tensor dout, Tensor out, Tensor? lse, Tensor dq, "
       "Tensor dk, Tensor dv, Tensor? dsinks, str name, int block_q, int block_k) -> (str, str)",
       &testing_check_backward);
-  m.def("testing_run_kernel(str[] arguments, str kernel, bool backward) -> Tensor[]", &testing_run_kernel);
+  m.def("testing_run_kernel(str[] arguments, str kernel, bool backward, Device device) -> Tensor[]",
+        &testing_run_kernel);
   m.def("testing_trace_buffers(str[] arguments, Tensor q, int block_k) -> (Tensor, Tensor)", &testing_trace_buffers);
   m.def(
       "testing_trace_report(str[] arguments, Tensor[] problem, Tensor row_max, Tensor row_sum, str name, "

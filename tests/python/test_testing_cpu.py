@@ -81,6 +81,14 @@ def test_bad_problem_options_say_what_and_expected(arguments, message):
         ft.problem_from_arguments(arguments, CPU)
 
 
+def test_operators_need_a_seed_and_traces_no_modifications():
+    import torch as _torch
+    with pytest.raises(ValueError, match="--seed is needed"):
+        _torch.ops.flashlab.testing_flops(["--batch", "1"], "fwd")
+    with pytest.raises(ValueError, match="unmodified scores"):
+        ft.trace_tiles(lambda q, k, v, tile_trace=None, **kw: None, small(softcap=5.0), tile=(64, 64))
+
+
 def test_bad_keyword_values():
     with pytest.raises(ValueError, match="dtype 'fp8'; accepted: fp32, fp16, bf16"):
         ft.problem(dtype="fp8", device=CPU)

@@ -35,7 +35,10 @@ void add_problem_options(ArgumentParser& parser, ProblemOptions& options);
 void finish_problem_options(ProblemOptions& options);
 
 // A problem from problem options alone ("--batch", "2", "--causal", ...), as
-// flashlab-run reads them. Throws ArgumentError (unknown options included).
-ProblemSpec parse_problem(const std::vector<std::string>& arguments, const std::string& program);
+// flashlab-run reads them. Throws ArgumentError (unknown options included;
+// with require_seed, a missing --seed: callers that parse the same options
+// again must not get a fresh seed each time).
+ProblemSpec parse_problem(const std::vector<std::string>& arguments, const std::string& program,
+                          bool require_seed = false);
 
 }  // namespace flashlab

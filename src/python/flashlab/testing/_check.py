@@ -328,7 +328,7 @@ def run_kernel(kernel: str, problem: Problem, backward: bool = False):
     if problem.device.type != "cuda":
         raise ValueError(f"flashlab.testing.run_kernel: {kernel} runs on the GPU; the problem is on "
                          f"{problem.device} (make it with device='cuda')")
-    tensors = torch.ops.flashlab.testing_run_kernel(problem.arguments, kernel, backward)
+    tensors = torch.ops.flashlab.testing_run_kernel(problem.arguments, kernel, backward, problem.device)
     if not backward:
         return tuple(tensors)
     return tuple(tensors[:5]) + (tensors[5] if problem.sinks is not None else None,)

@@ -103,7 +103,6 @@ def import_flashlab_distributed():
 SCHEMES = ("ring", "ulysses", "torch_cp_cudnn", "torch_cp_flash")
 DIRECTIONS = ("fwd", "fwdbwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-FWDBWD_FLOP_FACTOR = 3.5  # forward + backward = 1 + 2.5 forwards (flashlab-bench's count)
 GIB = float(1 << 30)
 cp = None  # flashlab.distributed, imported by run()
 
@@ -316,8 +315,10 @@ class Case:
 
 
 def attention_flops(batch, heads, seqlen, head_dim, causal, direction):
-    forward = 4.0 * batch * heads * seqlen * seqlen * head_dim * (0.5 if causal else 1.0)
-    return forward * (FWDBWD_FLOP_FACTOR if direction == "fwdbwd" else 1.0)
+    """flashlab-bench's count (src/harness/flops.cpp), through flashlab.testing's operator."""
+    arguments = ["--batch", str(batch), "--heads", str(heads), "--seqlen-q", str(seqlen), "--head-dim",
+                 str(head_dim), "--seed", "0"] + (["--causal"] if causal else [])
+    return torch.ops.flashlab.testing_flops(arguments, direction)
 
 
 def skip_reason(scheme, case, args, world):
@@ -481,22 +482,6 @@ def free_memory(env):
         torch.cuda.empty_cache()
 
 
-def all_gather_json(value, env):
-    """Every rank's `value` (JSON-able), in rank order. dist.all_gather_object would do,
-    but it needs numpy, which a bare environment may lack."""
-    payload = json.dumps(value).encode()
-    tensor_device = env.device if env.is_cuda else torch.device("cpu")
-    length = torch.tensor([len(payload)], dtype=torch.int64, device=tensor_device)
-    lengths = [torch.zeros_like(length) for _ in range(env.world)]
-    dist.all_gather(lengths, length)
-    longest = max(int(n.item()) for n in lengths)
-    padded = torch.zeros(longest, dtype=torch.uint8, device=tensor_device)
-    padded[:len(payload)] = torch.tensor(list(payload), dtype=torch.uint8, device=tensor_device)
-    received = [torch.empty_like(padded) for _ in range(env.world)]
-    dist.all_gather(received, padded)
-    return [json.loads(bytes(r[:int(n.item())].tolist()).decode()) for r, n in zip(received, lengths)]
-
-
 def run_measurement(prepare, args, env, failure_status):
     """Runs prepare's step on every rank; every rank returns the same outcome:
     {"status", "reason", "time_ms" (max over ranks), "time_ms_per_rank", "peak_mem_gib",
@@ -514,7 +499,8 @@ def run_measurement(prepare, args, env, failure_status):
         local["reason"] = one_line(error)
     local["peak_bytes"] = torch.cuda.max_memory_allocated(env.device) if env.is_cuda else None
     free_memory(env)  # after the exception (and its frames) are gone
-    gathered = all_gather_json(local, env)
+    gathered = [None] * env.world
+    dist.all_gather_object(gathered, local)
     worst = next((g for g in gathered if g["status"] == "oom"), None) or \
         next((g for g in gathered if g["status"] != "ok"), None)
     peaks = [g["peak_bytes"] for g in gathered if g["peak_bytes"] is not None]

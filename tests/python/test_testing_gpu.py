@@ -32,7 +32,8 @@ def flashlab_run(arguments):
 PROBLEMS = [
     ["--batch", "2", "--heads", "6", "--kv-heads", "2", "--seqlen-q", "113", "--seqlen-k", "203", "--head-dim", "64",
      "--dtype", "fp16", "--seed", "5"],
-    ["--batch", "1", "--heads", "4", "--seqlen-q", "1023", "--head-dim", "128", "--dtype", "bf16", "--causal",
+    # head_dim 64: fa2_mma_sm80_planted_bug is built for it alone.
+    ["--batch", "1", "--heads", "4", "--seqlen-q", "1023", "--head-dim", "64", "--dtype", "bf16", "--causal",
      "--seed", "9"],
 ]
 KERNELS = ["fa2_mma_sm80", "fa2_mma_sm80_planted_bug", "fa1_scalar_planted_bug"]
@@ -55,7 +56,7 @@ def test_same_verdict_as_flashlab_run(kernel, arguments):
 
 
 @needs_flashlab_run
-@pytest.mark.parametrize("kernel", ["fa2_mma_sm80", "fa1_scalar_planted_bug"])
+@pytest.mark.parametrize("kernel", ["fa2_mma_sm80", "fa1_scalar"])  # the planted-bug kernels have no backward
 def test_same_backward_verdict_as_flashlab_run(kernel):
     arguments = PROBLEMS[0]
     expected, _ = flashlab_run(["--kernel", kernel, "--backward", *arguments])

@@ -532,10 +532,11 @@ def _all_to_all(x, group, split_dim, cat_dim):
     """x cut into world parts along split_dim, part j to rank j; the parts received
     concatenated along cat_dim (in rank order)."""
     world = dist.get_world_size(group)
-    sent = [part.contiguous() for part in x.chunk(world, dim=split_dim)]
-    received = [torch.empty_like(sent[0]) for _ in range(world)]
-    dist.all_to_all(received, sent, group=group)
-    return torch.cat(received, dim=cat_dim)
+    # One stacked tensor through all_to_all_single: gloo in torch 2.11 has no list all_to_all.
+    sent = torch.stack(x.chunk(world, dim=split_dim))
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=group)
+    return torch.cat(received.unbind(0), dim=cat_dim)
 
 
 def _sequence_to_heads(x, group):

@@ -3,7 +3,7 @@ attention with flashlab's kernels per block, on every GPU of the machine (2 to 4
 NCCL), against the same attention of the whole sequence: out and the gradients within
 flash-attn's rule (attention_reference.py: 2x / 3x PyTorch's error in the input dtype
 against float32). Skipped with fewer than two GPUs. With deterministic=True three runs give bitwise equal
-gradients. Written in sessions 23-24 without a multi-GPU machine: not yet run."""
+gradients. All 20 pass on 4 H100s (session 25, torch 2.11, NCCL 2.28.9)."""
 import os
 import tempfile
 

@@ -85,10 +85,13 @@ def main(argv=None):
 
     keys = sorted(panels, key=lambda p: (not p[0], list(DIRECTION_TITLES).index(p[1])
                                          if p[1] in DIRECTION_TITLES else 99))
-    figure, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
+    columns = min(2, len(keys))
+    rows = (len(keys) + columns - 1) // columns
+    figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.5 * rows), squeeze=False)
     worlds = sorted({world for lines in panels.values() for (_, world) in lines if world is not None})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for axis, key in zip(axes[0], keys):
+    legend = {}  # one legend for all panels: label -> line
+    for axis, key in zip(axes.flat, keys):
         causal, direction = key
         for (scheme, world), points in sorted(panels[key].items(), key=lambda item: (str(item[0][0]),
                                                                                       item[0][1] or 0)):
@@ -96,17 +99,25 @@ def main(argv=None):
             color = colors[worlds.index(world) % len(colors)] if world in worlds else None
             style = SCHEME_STYLES.get(scheme, (0, (1, 3)))  # the baseline: sparse dots
             marker = "o" if scheme in SCHEME_STYLES else None
-            axis.plot(xs, ys, linestyle=style, marker=marker, color=color, alpha=0.6 if marker is None else 1.0,
-                      label=f"{scheme}, {world} GPU{'s' if world != 1 else ''}")
+            label = f"{scheme}, {world} GPU{'s' if world != 1 else ''}"
+            (line,) = axis.plot(xs, ys, linestyle=style, marker=marker, color=color,
+                                alpha=0.6 if marker is None else 1.0, label=label)
+            legend.setdefault(label, line)
         axis.set_xscale("log", base=2)
         axis.set_xlabel("total sequence length L")
         axis.set_ylabel("TFLOP/s per GPU")
         axis.set_ylim(bottom=0)
         axis.set_title(f"{'causal' if causal else 'full'}, {DIRECTION_TITLES.get(direction, direction)}")
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize="small")
+    for axis in list(axes.flat)[len(keys):]:
+        axis.set_visible(False)
+    # Colour is the world size, line style the scheme; the legend goes under the panels, off the data.
+    order = sorted(legend, key=lambda label: (label.split(",")[0], label))
+    figure.legend([legend[label] for label in order], order, loc="lower center", fontsize="small",
+                  ncol=min(4, len(order)), frameon=False)
     figure.suptitle(title_of(headers), fontsize="medium")
-    figure.tight_layout()
+    legend_rows = (len(order) + 3) // 4
+    figure.tight_layout(rect=(0, 0.04 * legend_rows / rows, 1, 0.97))
     figure.savefig(args.output, dpi=120)
     print(f"wrote {args.output}")
     return 0

@@ -239,6 +239,33 @@ class Plots(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertTrue(os.path.getsize(png) > 0)
 
+    def test_distributed_plot(self):
+        def document(world, status):
+            records = [{"seqlen": seqlen, "causal": causal, "direction": direction, "scheme": scheme,
+                        "status": status if scheme == "ring" and seqlen == 65536 else "ok",
+                        "tflops_per_gpu": 500.0 - world * 10, "single_gpu_tflops": 600.0}
+                       for seqlen in (32768, 65536) for causal in (True, False) for direction in ("fwd", "fwdbwd")
+                       for scheme in ("ring", "ulysses", "torch_cp_cudnn")]
+            return {"header": {"world_size": world, "device_name": "Synthetic GPU", "batch": 1, "heads": 32,
+                               "kv_heads": 8, "head_dim": 128, "dtype": "bf16"}, "records": records}
+        with tempfile.TemporaryDirectory() as directory:
+            paths = []
+            for world, status in ((1, "ok"), (2, "oom")):
+                paths.append(os.path.join(directory, f"cp_w{world}.json"))
+                with open(paths[-1], "w") as file:
+                    json.dump(document(world, status), file)
+            png = os.path.join(directory, "cp.png")
+            result = run_script(os.path.join(SCRIPTS, "plot_distributed.py"), *paths, "--single", "-o", png)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(png, "rb") as image:
+                self.assertEqual(image.read(8), b"\x89PNG\r\n\x1a\n")
+            with open(paths[0], "w") as file:
+                json.dump({"header": {}, "records": [{"seqlen": 1, "causal": True, "direction": "fwd",
+                                                       "scheme": "ring", "status": "oom"}]}, file)
+            result = run_script(os.path.join(SCRIPTS, "plot_distributed.py"), paths[0], "-o", png)
+            self.assertEqual(result.returncode, 1)
+            self.assertIn("no measured record", result.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

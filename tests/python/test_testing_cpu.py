@@ -324,5 +324,16 @@ def test_cli_tile_format():
 def test_cli_bench_without_gpu_exits_3(capsys):
     assert cli(["bench", "user_functions:torch_attention", "--seqlen-list", "128"]) == 3
     assert "no usable CUDA device" in capsys.readouterr().err
+    # A registered kernel is a target too (its arguments are read before the GPU is looked for).
+    assert cli(["bench", "flashlab:fa2_mma_sm80", "--seqlen-list", "128"]) == 3
+    assert "no usable CUDA device" in capsys.readouterr().err
+
+
+def test_cli_bench_names_the_registered_kernels_for_an_unknown_one(capsys):
+    assert cli(["bench", "flashlab:fa9_made_up", "--seqlen-list", "128"]) == 2
+    error = capsys.readouterr().err
+    assert "flashlab:fa9_made_up: no kernel of that name" in error and "fa2_mma_sm80" in error
+    assert cli(["bench", "user_functions:torch_attention", "--baselines", "sdpa_cudnn,flashlab:nope"]) == 2
+    assert "flashlab:nope: no kernel of that name" in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="needs a CUDA device"):
         ft.bench([fns.torch_attention], [small()])

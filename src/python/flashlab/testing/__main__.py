@@ -108,7 +108,8 @@ def parser(with_problem_help: bool = False) -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object last")
     bench = commands.add_parser("bench", help="time functions beside SDPA (cuDNN, FLASH) and flashlab",
                                 epilog=problem_help, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("targets", nargs="+", help="module:function or path/to/file.py:function")
+    bench.add_argument("targets", nargs="+", help="module:function, path/to/file.py:function or flashlab:<kernel> "
+                                                  "(timed through flash_attn_func(kernel=...))")
     bench.add_argument("--seqlen-list", type=_int_list, default=None, metavar="L1,L2",
                        help="time each length (seqlen_q = seqlen_k = L) instead of --seqlen-q/--seqlen-k")
     bench.add_argument("--directions", default="fwd", help="fwd, fwdbwd or fwd,fwdbwd (default fwd)")
@@ -182,25 +183,38 @@ def _run_check(arguments, problem_options) -> int:
     return EXIT_PASS if passed else EXIT_MISMATCH
 
 
+def _registered_kernel(text: str) -> str:
+    """text ("flashlab:<kernel>") if the kernel is registered, else an argument error naming those that are."""
+    import flashlab
+    known = flashlab.kernels()
+    if text.split(":", 1)[1] not in known:
+        raise _ArgumentError(f"{text}: no kernel of that name; registered: {', '.join(known)}")
+    return text
+
+
 def _run_bench(arguments, problem_options) -> int:
     import torch
     import flashlab.testing as ft
+    functions, kernel_rows = {}, []
+    for text in arguments.targets:
+        target = _load_target(text)
+        if isinstance(target, str):  # a flashlab kernel: timed through flash_attn_func(kernel=...), as baselines are
+            kernel_rows.append(_registered_kernel(text))
+        else:
+            functions[text] = target
+    baselines = [b for b in arguments.baselines.split(",") if b]
+    for name in baselines:
+        if name.startswith("flashlab:"):
+            _registered_kernel(name)
+    baselines = kernel_rows + [b for b in baselines if b not in kernel_rows]
     if not torch.cuda.is_available():
         print("python -m flashlab.testing bench: no usable CUDA device (bench times GPU code)", file=sys.stderr)
         return EXIT_NO_GPU
-    functions = {}
-    for text in arguments.targets:
-        target = _load_target(text)
-        if isinstance(target, str):
-            raise _ArgumentError(f"bench times Python functions; {text} is a flashlab kernel (flashlab.flash_attn_func "
-                                 "is in the table as 'flashlab'; flashlab-bench times each kernel)")
-        functions[text] = target
     lengths = arguments.seqlen_list or [None]
     problems = [_problem(problem_options if n is None else _replace_lengths(problem_options, n), None)
                 for n in lengths]
     directions = [d for d in arguments.directions.split(",") if d]
-    table = ft.bench(functions, problems, directions=directions, layout=arguments.fn_layout,
-                     baselines=[b for b in arguments.baselines.split(",") if b],
+    table = ft.bench(functions, problems, directions=directions, layout=arguments.fn_layout, baselines=baselines,
                      warmup=arguments.warmup, iters=arguments.iters)
     print(table.format())
     if arguments.json:

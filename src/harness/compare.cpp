@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -14,13 +15,28 @@ namespace {
 
 std::string position_text(const ElementPosition& at) {
   std::ostringstream text;
-  text << std::setprecision(6) << "(batch " << at.batch << ", row " << at.row << ", head "
-       << at.head << ", col " << at.col << ") flat " << at.flat_index << ": got " << at.actual
+  text << std::setprecision(6);
+  if (at.packed_row >= 0)
+    text << "(sequence " << at.batch << ", row " << at.row << " = packed row " << at.packed_row;
+  else
+    text << "(batch " << at.batch << ", row " << at.row;
+  text << ", head " << at.head << ", col " << at.col << ") flat " << at.flat_index << ": got " << at.actual
        << ", expected " << at.expected;
   return text.str();
 }
 
 }  // namespace
+
+TileContext TileContext::of_sequence(int64_t sequence) const {
+  if (!varlen()) return *this;
+  TileContext context = *this;
+  const std::vector<int>& keys = cu_seqlens_k.empty() ? cu_seqlens_q : cu_seqlens_k;
+  context.seqlen_q = cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence];
+  context.seqlen_k = keys[sequence + 1] - keys[sequence];
+  context.cu_seqlens_q.clear();
+  context.cu_seqlens_k.clear();
+  return context;
+}
 
 std::pair<int64_t, int64_t> visited_key_tiles(const TileContext& context, int64_t row) {
   if (context.tiles.block_k <= 0 || context.seqlen_k <= 0) return {0, -1};
@@ -87,6 +103,14 @@ ComparisonReport compare_elementwise(const std::string& name, const at::Tensor& 
     position.head = (index / cols) % heads;
     position.row = (index / (cols * heads)) % rows;
     position.batch = index / (cols * heads * rows);
+    if (context.varlen()) {  // one batch of packed rows: name the sequence and its row
+      const std::vector<int>& offsets =
+          context.rows_are_keys && !context.cu_seqlens_k.empty() ? context.cu_seqlens_k : context.cu_seqlens_q;
+      position.packed_row = position.row;
+      position.batch = std::upper_bound(offsets.begin(), offsets.end(), static_cast<int>(position.row)) -
+                       offsets.begin() - 1;
+      position.row -= offsets[position.batch];
+    }
     position.actual = a, position.expected = e, position.abs_error = error;
     if (bad) {
       if (!report.first_bad) report.first_bad = position;
@@ -109,6 +133,7 @@ std::string ComparisonReport::format() const {
   if (max_abs_error > 0) text << "  largest error at " << position_text(max_abs_at) << "\n";
   if (first_bad) {
     text << "  first bad element " << position_text(*first_bad) << "\n";
+    const TileContext context = this->context.of_sequence(first_bad->batch);
     if (context.rows_are_keys && context.tiles.block_k > 0) {
       const int64_t key_tile = first_bad->row / context.tiles.block_k;
       text << "  it lies in key tile " << key_tile << " (keys " << key_tile * context.tiles.block_k
@@ -192,6 +217,9 @@ std::string ComparisonReport::first_bad_json() const {
        << (std::isfinite(first_bad->actual) ? std::to_string(first_bad->actual) : "null")
        << ", \"expected\": "
        << (std::isfinite(first_bad->expected) ? std::to_string(first_bad->expected) : "null");
+  if (first_bad->packed_row >= 0)
+    text << ", \"sequence\": " << first_bad->batch << ", \"packed_row\": " << first_bad->packed_row;
+  const TileContext context = this->context.of_sequence(first_bad->batch);
   if (context.rows_are_keys && context.tiles.block_k > 0) {
     text << ", \"key_tile\": " << first_bad->row / context.tiles.block_k;
     const auto [first_tile, last_tile] = visiting_query_tiles(context, first_bad->row);

@@ -467,8 +467,16 @@ ComparisonReport compare_lse_rows(const std::string& name, const at::Tensor& act
 
 TileContext tile_context(const ProblemSpec& spec, const AttentionParams& params, const TileShape& tiles) {
   TileContext context;
-  // Packed rows mix sequences, so a row number names no tile: report none.
-  if (!spec.is_varlen()) context.tiles = tiles;
+  context.tiles = tiles;
+  if (spec.is_varlen()) {  // packed rows: positions and tiles per sequence
+    const auto offsets = [](const std::vector<int>& lengths) {
+      std::vector<int> cu(1, 0);
+      for (int length : lengths) cu.push_back(cu.back() + length);
+      return cu;
+    };
+    context.cu_seqlens_q = offsets(spec.seqlens_q);
+    context.cu_seqlens_k = offsets(spec.key_seqlens());
+  }
   context.seqlen_q = spec.seqlen_q;
   context.seqlen_k = spec.seqlen_k;
   context.window_left = params.window_left;

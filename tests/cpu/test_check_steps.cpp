@@ -97,10 +97,19 @@ TEST_P(CheckSteps, ComposeIntoFlashAttnRule) {
     ASSERT_FALSE(comparison.out.passed());
     EXPECT_EQ(comparison.out.over_tolerance, 1);
     ASSERT_TRUE(comparison.out.first_bad.has_value());
-    EXPECT_EQ(comparison.out.first_bad->batch, problem.is_varlen() ? 0 : 1);
-    EXPECT_EQ(comparison.out.first_bad->row, row);
+    // Varlen positions name the sequence and the row within it, and their tiles count from there.
+    EXPECT_EQ(comparison.out.first_bad->batch, problem.is_varlen() ? 2 : 1);
+    EXPECT_EQ(comparison.out.first_bad->row, 20);
+    EXPECT_EQ(comparison.out.first_bad->packed_row, problem.is_varlen() ? row : -1);
     EXPECT_EQ(comparison.out.first_bad->head, 3);
     EXPECT_EQ(comparison.out.first_bad->col, 7);
+    const std::string text = comparison.out.format(), json = comparison.out.first_bad_json();
+    EXPECT_NE(text.find(problem.is_varlen() ? "(sequence 2, row 20 = packed row 25, head 3, col 7)"
+                                            : "(batch 1, row 20, head 3, col 7)"),
+              std::string::npos) << text;
+    EXPECT_NE(text.find("it lies in query tile 0 (rows 0..63, block_q 64)"), std::string::npos) << text;
+    EXPECT_NE(json.find("\"query_tile\": 0"), std::string::npos) << json;
+    EXPECT_EQ(json.find("\"sequence\": 2, \"packed_row\": 25") != std::string::npos, problem.is_varlen()) << json;
   }
 }
 

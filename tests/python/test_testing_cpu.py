@@ -170,6 +170,25 @@ def test_bhsd_layout_and_varlen():
     assert ft.check(fns.torch_varlen_attention, p).passed
 
 
+def test_varlen_mismatch_is_named_by_sequence_row_and_tile():
+    p = ft.problem(device=CPU, heads=4, kv_heads=2, seqlens=[7, 113, 1], seqlens_k=[113, 20, 9], head_dim=32,
+                   causal=True, seed=4)
+
+    def off_in_second_sequence(*arguments, **keywords):
+        out, lse = fns.torch_varlen_attention(*arguments, **keywords)
+        out = out.clone()
+        out[7 + 100, 2, 3] += 0.5  # sequence 1, row 100: packed row 107
+        return out, lse
+    report = ft.check(off_in_second_sequence, p, tile=(64, 16))
+    assert not report.passed
+    bad = report.first_bad
+    assert (bad["sequence"], bad["row"], bad["packed_row"], bad["head"], bad["col"]) == (1, 100, 107, 2, 3)
+    # causal, bottom-right: row 100 of the 113 x 20 sequence sees keys 0..(100 + 20 - 113) = 0..7
+    assert bad["query_tile"] == 1 and bad["key_tiles"] == [0, 0]
+    assert "(sequence 1, row 100 = packed row 107, head 2, col 3)" in report.text
+    assert "it lies in query tile 1 (rows 64..127, block_q 64)" in report.text
+
+
 def test_modifications_reach_the_function():
     p = small(softcap=10.0, alibi="per-batch", sinks=True, seqlen_k=113)
     assert ft.check(fns.torch_attention, p).passed

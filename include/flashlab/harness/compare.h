@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "flashlab/kernel_registry.h"
 
@@ -22,11 +23,22 @@ struct TileContext {
   // tile is row / block_k, and the report names the query tiles whose rows see
   // that key. Otherwise rows are queries (out, lse, dq).
   bool rows_are_keys = false;
+  // Varlen: the packed rows' sequence offsets (batch + 1 entries each; empty
+  // otherwise). Positions then name the sequence (as batch) and the row within
+  // it, and tiles count from the sequence's first row, as the kernels do.
+  std::vector<int> cu_seqlens_q, cu_seqlens_k;
+
+  bool varlen() const { return !cu_seqlens_q.empty(); }
+  // The context of one sequence of a varlen problem (its seqlen_q/k; itself otherwise).
+  TileContext of_sequence(int64_t sequence) const;
 };
 
 struct ElementPosition {
+  // Varlen: batch is the sequence, row the row within it, packed_row the row
+  // of the packed tensor (-1 otherwise).
   int64_t batch = 0, row = 0, head = 0, col = 0;
-  int64_t flat_index = 0;  // in the logical (batch, row, head, col) order
+  int64_t packed_row = -1;
+  int64_t flat_index = 0;  // in the logical (batch, row, head, col) order (varlen: packed rows)
   double actual = 0, expected = 0, abs_error = 0;
 };
 

@@ -341,6 +341,7 @@ struct BackwardCheck {
     BackwardCheckResult result = backward_check_result(
         kernel.name, kernel.tile_shape(forward_params(spec, inputs)), backward_tile_shape(kernel, backward), spec,
         inputs, run.outputs, run.dout, run.gradients, reference.forward, reference.backward, options.show_element);
+    result.registered_kernel = true;
     result.deterministic = options.deterministic;
     result.backward_tiles_known = kernel.backward_tile_shape != nullptr;
     if (kernel.backward_workspace_bytes != nullptr)
@@ -368,12 +369,15 @@ BackwardCheckResult check_backward(const ProblemSpec& spec, const BackwardCheckO
 std::string BackwardCheckResult::format() const {
   std::ostringstream text;
   text << std::setprecision(4);
-  text << "kernel  " << kernel << " (forward tiles " << tiles.block_q << "x" << tiles.block_k
-       << ", backward tiles " << backward_tiles.block_q << "x" << backward_tiles.block_k
-       << (backward_tiles_known ? "" : ": the forward's, the kernel has no backward_tile_shape")
-       << "), backward " << (deterministic ? "deterministic" : "default mode") << ", workspace "
-       << workspace_bytes << " bytes\n"
-       << "problem " << problem << "\n"
+  if (registered_kernel)
+    text << "kernel  " << kernel << " (forward tiles " << tiles.block_q << "x" << tiles.block_k
+         << ", backward tiles " << backward_tiles.block_q << "x" << backward_tiles.block_k
+         << (backward_tiles_known ? "" : ": the forward's, the kernel has no backward_tile_shape")
+         << "), backward " << (deterministic ? "deterministic" : "default mode") << ", workspace "
+         << workspace_bytes << " bytes\n";
+  else
+    text << "kernel  " << kernel << " (tiles " << tiles.block_q << "x" << tiles.block_k << ")\n";
+  text << "problem " << problem << "\n"
        << "dout    normal(0, 1), MT19937 seed " << dout_seed << "\n"
        << "out: " << tolerance_text(forward_tolerance.out, "flash-attn's fwd_atol") << "\n"
        << out.format() << (lse_checked ? lse.format() : "lse: not returned, not compared\n");
@@ -404,7 +408,7 @@ std::string BackwardCheckResult::to_json() const {
        << tiles.block_q << ", \"block_k\": " << tiles.block_k << ", \"backward_block_q\": "
        << backward_tiles.block_q << ", \"backward_block_k\": " << backward_tiles.block_k
        << ", \"workspace_bytes\": "
-       << workspace_bytes << ", \"forward_ms\": " << time(forward_ms) << ", \"backward_ms\": "
+       << (registered_kernel ? std::to_string(workspace_bytes) : std::string("null")) << ", \"forward_ms\": " << time(forward_ms) << ", \"backward_ms\": "
        << time(backward_ms) << ", \"tensors\": {\"out\": "
        << tensor_json(out, forward_tolerance.out) << ", \"lse\": "
        << (lse_checked ? tensor_json(lse, forward_tolerance.lse) : "null") << ", \"dq\": "

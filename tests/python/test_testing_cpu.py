@@ -237,6 +237,9 @@ def test_backward_of_a_correct_function_passes():
     report = ft.check_backward(fns.torch_attention, small(causal=True, sinks=True), tile=(64, 64))
     assert report.passed, report.text
     assert set(report.data["tensors"]) == {"out", "lse", "dq", "dk", "dv", "dsinks"}
+    # A Python function has no backward tiles, mode or workspace of its own to report.
+    assert report.text.splitlines()[0].endswith("(tiles 64x64)") and "workspace" not in report.text
+    assert report.data["workspace_bytes"] is None
 
 
 def test_backward_names_the_bad_key_row():

@@ -120,17 +120,18 @@ TEST_P(BackwardSteps, ComposeIntoFlashAttnGradientRule) {
     ASSERT_FALSE(comparison.dk.passed());
     EXPECT_EQ(comparison.dk.over_tolerance, 1);
     ASSERT_TRUE(comparison.dk.first_bad.has_value());
-    EXPECT_EQ(comparison.dk.first_bad->batch, problem.is_varlen() ? 0 : 1);
-    EXPECT_EQ(comparison.dk.first_bad->row, key);
+    // Varlen positions name the sequence (as batch) and the key row within it.
+    EXPECT_EQ(comparison.dk.first_bad->batch, problem.is_varlen() ? 2 : 1);
+    EXPECT_EQ(comparison.dk.first_bad->row, 40);
+    EXPECT_EQ(comparison.dk.first_bad->packed_row, problem.is_varlen() ? key : -1);
     EXPECT_EQ(comparison.dk.first_bad->head, 1);
     EXPECT_EQ(comparison.dk.first_bad->col, 7);
-    if (!problem.is_varlen()) {
-      // Causal, 37 queries over 53 keys: row i sees keys 0..i+16, so key 40
-      // is seen by rows 24..36, query tiles 1..2 of 16 rows; key tile 1 of 32.
-      const std::string text = comparison.dk.format();
-      EXPECT_NE(text.find("key tile 1 (keys 32..63, block_k 32)"), std::string::npos) << text;
-      EXPECT_NE(text.find("query tiles 1..2 (block_q 16)"), std::string::npos) << text;
-    }
+    // Causal, 37 queries over 53 keys (the varlen problem's third sequence too):
+    // row i sees keys 0..i+16, so key 40 is seen by rows 24..36, query tiles
+    // 1..2 of 16 rows; key tile 1 of 32.
+    const std::string text = comparison.dk.format();
+    EXPECT_NE(text.find("key tile 1 (keys 32..63, block_k 32)"), std::string::npos) << text;
+    EXPECT_NE(text.find("query tiles 1..2 (block_q 16)"), std::string::npos) << text;
   }
 }
 

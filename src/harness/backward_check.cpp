@@ -402,13 +402,14 @@ std::string BackwardCheckResult::format() const {
 std::string BackwardCheckResult::to_json() const {
   std::ostringstream text;
   const auto time = [](double ms) { return ms >= 0 ? json::number(ms) : std::string("null"); };
+  // What only a registered kernel has (a Python function's report writes null).
+  const auto known = [&](int64_t value) { return registered_kernel ? std::to_string(value) : std::string("null"); };
   text << "{\"passed\": " << json::boolean(passed()) << ", \"kernel\": " << json::string(kernel)
        << ", \"problem\": " << json::string(problem) << ", \"dout_seed\": " << dout_seed
-       << ", \"deterministic\": " << json::boolean(deterministic) << ", \"block_q\": "
-       << tiles.block_q << ", \"block_k\": " << tiles.block_k << ", \"backward_block_q\": "
-       << backward_tiles.block_q << ", \"backward_block_k\": " << backward_tiles.block_k
-       << ", \"workspace_bytes\": "
-       << (registered_kernel ? std::to_string(workspace_bytes) : std::string("null")) << ", \"forward_ms\": " << time(forward_ms) << ", \"backward_ms\": "
+       << ", \"deterministic\": " << (registered_kernel ? json::boolean(deterministic) : std::string("null"))
+       << ", \"block_q\": " << tiles.block_q << ", \"block_k\": " << tiles.block_k << ", \"backward_block_q\": "
+       << known(backward_tiles.block_q) << ", \"backward_block_k\": " << known(backward_tiles.block_k)
+       << ", \"workspace_bytes\": " << known(workspace_bytes) << ", \"forward_ms\": " << time(forward_ms) << ", \"backward_ms\": "
        << time(backward_ms) << ", \"tensors\": {\"out\": "
        << tensor_json(out, forward_tolerance.out) << ", \"lse\": "
        << (lse_checked ? tensor_json(lse, forward_tolerance.lse) : "null") << ", \"dq\": "

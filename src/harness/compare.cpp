@@ -29,8 +29,12 @@ std::string position_text(const ElementPosition& at) {
 
 TileContext TileContext::of_sequence(int64_t sequence) const {
   if (!varlen()) return *this;
-  TileContext context = *this;
   const std::vector<int>& keys = cu_seqlens_k.empty() ? cu_seqlens_q : cu_seqlens_k;
+  TORCH_CHECK(sequence >= 0 && sequence + 1 < static_cast<int64_t>(cu_seqlens_q.size()) &&
+                  sequence + 1 < static_cast<int64_t>(keys.size()),
+              "TileContext::of_sequence: sequence ", sequence, " of a problem with ", cu_seqlens_q.size() - 1,
+              " sequences");
+  TileContext context = *this;
   context.seqlen_q = cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence];
   context.seqlen_k = keys[sequence + 1] - keys[sequence];
   context.cu_seqlens_q.clear();

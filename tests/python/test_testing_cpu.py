@@ -239,7 +239,7 @@ def test_backward_of_a_correct_function_passes():
     assert set(report.data["tensors"]) == {"out", "lse", "dq", "dk", "dv", "dsinks"}
     # A Python function has no backward tiles, mode or workspace of its own to report.
     assert report.text.splitlines()[0].endswith("(tiles 64x64)") and "workspace" not in report.text
-    assert report.data["workspace_bytes"] is None
+    assert report.data["workspace_bytes"] is None and report.data["deterministic"] is None
 
 
 def test_backward_names_the_bad_key_row():
@@ -349,13 +349,15 @@ def test_cli_bench_without_gpu_exits_3(capsys):
     # A registered kernel is a target too (its arguments are read before the GPU is looked for).
     assert cli(["bench", "flashlab:fa2_mma_sm80", "--seqlen-list", "128"]) == 3
     assert "no usable CUDA device" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        ft.bench([fns.torch_attention], [small()])
 
 
-def test_cli_bench_names_the_registered_kernels_for_an_unknown_one(capsys):
+def test_cli_bench_names_what_it_takes_for_an_unknown_kernel_or_baseline(capsys):
     assert cli(["bench", "flashlab:fa9_made_up", "--seqlen-list", "128"]) == 2
     error = capsys.readouterr().err
     assert "flashlab:fa9_made_up: no kernel of that name" in error and "fa2_mma_sm80" in error
     assert cli(["bench", "user_functions:torch_attention", "--baselines", "sdpa_cudnn,flashlab:nope"]) == 2
     assert "flashlab:nope: no kernel of that name" in capsys.readouterr().err
-    with pytest.raises(RuntimeError, match="needs a CUDA device"):
-        ft.bench([fns.torch_attention], [small()])
+    assert cli(["bench", "user_functions:torch_attention", "--baselines", "sdpa_math"]) == 2
+    assert "baseline 'sdpa_math'" in capsys.readouterr().err

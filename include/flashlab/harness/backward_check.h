@@ -141,8 +141,9 @@ struct BackwardCheckResult {
   TileShape backward_tiles;  // backward_tile_shape, or the forward's: named for dq, dk, dv
   bool backward_tiles_known = false;  // the kernel has a backward_tile_shape
   int64_t workspace_bytes = 0;  // the backward's workspace query
-  // A registered kernel ran both passes (check_backward); false for a function
-  // checked through flashlab.testing, which has no backward tiles, mode or workspace to name.
+  // check_backward ran a registered kernel's passes itself; false for outputs
+  // handed to backward_check_result (flashlab.testing: a Python function, or a
+  // kernel run through flash_attn_func), whose backward tiles, mode and workspace it does not know.
   bool registered_kernel = false;
   ComparisonReport out, lse, dq, dk, dv;
   std::optional<ComparisonReport> dsinks;  // with sinks

@@ -195,17 +195,22 @@ def _registered_kernel(text: str) -> str:
 def _run_bench(arguments, problem_options) -> int:
     import torch
     import flashlab.testing as ft
+    from flashlab.testing._bench import BASELINES
     functions, kernel_rows = {}, []
     for text in arguments.targets:
         target = _load_target(text)
         if isinstance(target, str):  # a flashlab kernel: timed through flash_attn_func(kernel=...), as baselines are
-            kernel_rows.append(_registered_kernel(text))
+            if text not in kernel_rows:
+                kernel_rows.append(_registered_kernel(text))
         else:
             functions[text] = target
     baselines = [b for b in arguments.baselines.split(",") if b]
     for name in baselines:
         if name.startswith("flashlab:"):
             _registered_kernel(name)
+        elif name not in BASELINES:
+            raise _ArgumentError(f"--baselines: baseline {name!r}; accepted: {', '.join(BASELINES)} or "
+                                 "flashlab:<kernel>")
     baselines = kernel_rows + [b for b in baselines if b not in kernel_rows]
     if not torch.cuda.is_available():
         print("python -m flashlab.testing bench: no usable CUDA device (bench times GPU code)", file=sys.stderr)

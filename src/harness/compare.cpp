@@ -27,16 +27,23 @@ std::string position_text(const ElementPosition& at) {
 
 }  // namespace
 
+SequenceRow sequence_row(const std::vector<int>& offsets, int64_t packed_row) {
+  TORCH_CHECK(!offsets.empty() && packed_row >= 0 && packed_row < offsets.back(), "sequence_row: packed row ",
+              packed_row, " outside the ", offsets.empty() ? 0 : offsets.back(), " packed rows");
+  const int64_t sequence =
+      std::upper_bound(offsets.begin(), offsets.end(), static_cast<int>(packed_row)) - offsets.begin() - 1;
+  return {sequence, packed_row - offsets[sequence]};
+}
+
 TileContext TileContext::of_sequence(int64_t sequence) const {
   if (!varlen()) return *this;
-  const std::vector<int>& keys = cu_seqlens_k.empty() ? cu_seqlens_q : cu_seqlens_k;
   TORCH_CHECK(sequence >= 0 && sequence + 1 < static_cast<int64_t>(cu_seqlens_q.size()) &&
-                  sequence + 1 < static_cast<int64_t>(keys.size()),
+                  cu_seqlens_k.size() == cu_seqlens_q.size(),
               "TileContext::of_sequence: sequence ", sequence, " of a problem with ", cu_seqlens_q.size() - 1,
-              " sequences");
+              " sequences (", cu_seqlens_k.size(), " key offsets)");
   TileContext context = *this;
   context.seqlen_q = cu_seqlens_q[sequence + 1] - cu_seqlens_q[sequence];
-  context.seqlen_k = keys[sequence + 1] - keys[sequence];
+  context.seqlen_k = cu_seqlens_k[sequence + 1] - cu_seqlens_k[sequence];
   context.cu_seqlens_q.clear();
   context.cu_seqlens_k.clear();
   return context;
@@ -108,12 +115,10 @@ ComparisonReport compare_elementwise(const std::string& name, const at::Tensor& 
     position.row = (index / (cols * heads)) % rows;
     position.batch = index / (cols * heads * rows);
     if (context.varlen()) {  // one batch of packed rows: name the sequence and its row
-      const std::vector<int>& offsets =
-          context.rows_are_keys && !context.cu_seqlens_k.empty() ? context.cu_seqlens_k : context.cu_seqlens_q;
+      const SequenceRow at =
+          sequence_row(context.rows_are_keys ? context.cu_seqlens_k : context.cu_seqlens_q, position.row);
       position.packed_row = position.row;
-      position.batch = std::upper_bound(offsets.begin(), offsets.end(), static_cast<int>(position.row)) -
-                       offsets.begin() - 1;
-      position.row -= offsets[position.batch];
+      position.batch = at.sequence, position.row = at.row;
     }
     position.actual = a, position.expected = e, position.abs_error = error;
     if (bad) {

@@ -38,12 +38,15 @@ std::string join_lengths(const std::vector<int>& lengths) {
   return text;
 }
 
-// The sequences of a variable-length spec as int32 prefix sums.
-at::Tensor prefix_sums(const std::vector<int>& lengths, at::Device device) {
+// The sequences of a variable-length spec as prefix sums (cu_seqlens).
+std::vector<int> sequence_offsets(const std::vector<int>& lengths) {
   std::vector<int> offsets(lengths.size() + 1, 0);
   for (size_t index = 0; index < lengths.size(); ++index)
     offsets[index + 1] = offsets[index] + lengths[index];
-  return at::tensor(offsets, at::TensorOptions().dtype(at::kInt)).to(device);
+  return offsets;
+}
+at::Tensor prefix_sums(const std::vector<int>& lengths, at::Device device) {
+  return at::tensor(sequence_offsets(lengths), at::TensorOptions().dtype(at::kInt)).to(device);
 }
 
 
@@ -388,9 +391,8 @@ void explain_nonfinite(ComparisonReport& report, const at::Tensor& actual, const
   origin.batch = batch0;
   origin.row = packed_row;
   if (origin.varlen) {
-    origin.batch = std::upper_bound(own_offsets.begin(), own_offsets.end(), static_cast<int>(packed_row)) -
-                   own_offsets.begin() - 1;
-    origin.row = packed_row - own_offsets[origin.batch];
+    const SequenceRow at = sequence_row(own_offsets, packed_row);
+    origin.batch = at.sequence, origin.row = at.row;
   }
   const int64_t b = origin.batch;
   const int q_row0 = origin.varlen ? inputs.cu_seqlens_q[b] : 0;
@@ -469,13 +471,8 @@ TileContext tile_context(const ProblemSpec& spec, const AttentionParams& params,
   TileContext context;
   context.tiles = tiles;
   if (spec.is_varlen()) {  // packed rows: positions and tiles per sequence
-    const auto offsets = [](const std::vector<int>& lengths) {
-      std::vector<int> cu(1, 0);
-      for (int length : lengths) cu.push_back(cu.back() + length);
-      return cu;
-    };
-    context.cu_seqlens_q = offsets(spec.seqlens_q);
-    context.cu_seqlens_k = offsets(spec.key_seqlens());
+    context.cu_seqlens_q = sequence_offsets(spec.seqlens_q);
+    context.cu_seqlens_k = sequence_offsets(spec.key_seqlens());
   }
   context.seqlen_q = spec.seqlen_q;
   context.seqlen_k = spec.seqlen_k;

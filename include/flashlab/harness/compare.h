@@ -23,15 +23,23 @@ struct TileContext {
   // tile is row / block_k, and the report names the query tiles whose rows see
   // that key. Otherwise rows are queries (out, lse, dq).
   bool rows_are_keys = false;
-  // Varlen: the packed rows' sequence offsets (batch + 1 entries each; empty
-  // otherwise). Positions then name the sequence (as batch) and the row within
-  // it, and tiles count from the sequence's first row, as the kernels do.
+  // Varlen: the packed rows' sequence offsets, query and key (batch + 1 entries
+  // each; both empty otherwise). Positions then name the sequence (as batch)
+  // and the row within it, and tiles count from the sequence's first row, as
+  // the kernels do.
   std::vector<int> cu_seqlens_q, cu_seqlens_k;
 
   bool varlen() const { return !cu_seqlens_q.empty(); }
   // The context of one sequence of a varlen problem (its seqlen_q/k; itself otherwise).
   TileContext of_sequence(int64_t sequence) const;
 };
+
+// The sequence holding row `packed_row` of packed rows with these offsets
+// (empty sequences skipped) and the row within it.
+struct SequenceRow {
+  int64_t sequence = 0, row = 0;
+};
+SequenceRow sequence_row(const std::vector<int>& offsets, int64_t packed_row);
 
 struct ElementPosition {
   // Varlen: batch is the sequence, row the row within it, packed_row the row

@@ -182,7 +182,8 @@ ComparisonReport compare_rows(const std::string& name, const at::Tensor& actual,
 ComparisonReport compare_lse_rows(const std::string& name, const at::Tensor& actual,
                                   const at::Tensor& expected, double tolerance,
                                   const TileContext& context);
-// What the tile report needs to name tiles (no tiles for varlen: packed rows mix sequences).
+// What the tile report needs to name tiles (varlen: the sequences' offsets, so
+// positions and tiles are per sequence).
 TileContext tile_context(const ProblemSpec& spec, const AttentionParams& params, const TileShape& tiles);
 
 // NaN/inf origin: what a report needs to say whether a row's inputs were

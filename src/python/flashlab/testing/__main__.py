@@ -183,35 +183,23 @@ def _run_check(arguments, problem_options) -> int:
     return EXIT_PASS if passed else EXIT_MISMATCH
 
 
-def _registered_kernel(text: str) -> str:
-    """text ("flashlab:<kernel>") if the kernel is registered, else an argument error naming those that are."""
-    import flashlab
-    known = flashlab.kernels()
-    if text.split(":", 1)[1] not in known:
-        raise _ArgumentError(f"{text}: no kernel of that name; registered: {', '.join(known)}")
-    return text
-
-
 def _run_bench(arguments, problem_options) -> int:
     import torch
     import flashlab.testing as ft
-    from flashlab.testing._bench import BASELINES
+    from flashlab.testing._bench import _baseline
     functions, kernel_rows = {}, []
     for text in arguments.targets:
         target = _load_target(text)
         if isinstance(target, str):  # a flashlab kernel: timed through flash_attn_func(kernel=...), as baselines are
-            if text not in kernel_rows:
-                kernel_rows.append(_registered_kernel(text))
+            kernel_rows.append(text)
         else:
             functions[text] = target
-    baselines = [b for b in arguments.baselines.split(",") if b]
-    for name in baselines:
-        if name.startswith("flashlab:"):
-            _registered_kernel(name)
-        elif name not in BASELINES:
-            raise _ArgumentError(f"--baselines: baseline {name!r}; accepted: {', '.join(BASELINES)} or "
-                                 "flashlab:<kernel>")
-    baselines = kernel_rows + [b for b in baselines if b not in kernel_rows]
+    baselines = list(dict.fromkeys(kernel_rows + [b for b in arguments.baselines.split(",") if b]))
+    for name in baselines:  # unknown names (kernels too) before the GPU is looked for
+        try:
+            _baseline(name)
+        except ValueError as error:
+            raise _ArgumentError(str(error)) from None
     if not torch.cuda.is_available():
         print("python -m flashlab.testing bench: no usable CUDA device (bench times GPU code)", file=sys.stderr)
         return EXIT_NO_GPU

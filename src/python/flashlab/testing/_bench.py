@@ -165,7 +165,12 @@ def _baseline(name: str):
     if name == "flashlab":
         return _flashlab()
     if name.startswith("flashlab:"):
-        return _flashlab(name.split(":", 1)[1])
+        import flashlab
+        kernel = name.split(":", 1)[1]
+        if kernel not in flashlab.kernels():
+            raise ValueError(f"flashlab.testing.bench: {name}: no kernel of that name; registered: "
+                             f"{', '.join(flashlab.kernels())}")
+        return _flashlab(kernel)
     raise ValueError(f"flashlab.testing.bench: baseline {name!r}; accepted: {', '.join(BASELINES)} or "
                      "flashlab:<kernel> (a registered kernel, flashlab.kernels())")
 

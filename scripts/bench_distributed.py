@@ -169,6 +169,9 @@ def build_parser():
     parser.add_argument("--torch-cp-rotate", choices=("allgather", "alltoall"), default=None,
                         help="torch context parallel's K/V rotate method (set_rotate_method); default: torch's "
                              "own default (allgather), left untouched")
+    parser.add_argument("--ring-sm-margin", type=int, default=0, metavar="N",
+                        help="SMs the ring's forward blocks leave to NCCL's transfer kernels "
+                             "(ring_flash_attn_func's sm_margin; default 0)")
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed (rank added)")
     parser.add_argument("--timeout-min", type=float, default=10.0,
                         help="process group timeout in minutes: a rank left waiting (e.g. after a lone "
@@ -381,7 +384,7 @@ def prepare_flashlab_scheme(stack, scheme, case, args, env, block_ops, generator
     k, v = (random_tensor((args.batch, rows, args.kv_heads, args.head_dim), args, env, generator) for _ in range(2))
     if scheme == "ring":
         attend = lambda q_, k_, v_: cp.ring_flash_attn_func(q_, k_, v_, causal=case.causal,  # noqa: E731
-                                                             block_ops=block_ops)
+                                                             block_ops=block_ops, sm_margin=args.ring_sm_margin)
         layout = "zigzag shards" if case.causal else "contiguous shards"
     else:
         attend = lambda q_, k_, v_: cp.ulysses_flash_attn_func(q_, k_, v_, causal=case.causal,  # noqa: E731
@@ -600,6 +603,7 @@ def run(args, env):
         "kv_heads": args.kv_heads, "head_dim": args.head_dim, "seqlens": args.seqlens,
         "causal": causal_values, "directions": args.directions, "schemes": args.schemes,
         "warmup": args.warmup, "iters": args.iters, "block_ops": args.block_ops,
+        "ring_sm_margin": args.ring_sm_margin,
         "timing": ("CUDA events" if env.is_cuda else "time.perf_counter") +
                   ", median of iters per rank, max over ranks; a barrier before each iteration",
         "flops": "forward 4*B*H*L^2*D, halved for causal; fwdbwd 3.5x the forward; per GPU = / world",
@@ -611,7 +615,8 @@ def run(args, env):
     }
     log(env, f"bench_distributed: world {env.world} ({header['local_world_size']} a node), {header['device_name']}, "
              f"torch {torch.__version__}, {header['backend']}; block ops {args.block_ops}; {args.dtype}, B={args.batch} "
-             f"H={args.heads} KV={args.kv_heads} D={args.head_dim}; warmup {args.warmup}, iters {args.iters}")
+             f"H={args.heads} KV={args.kv_heads} D={args.head_dim}; warmup {args.warmup}, iters {args.iters}; "
+             f"ring sm_margin {args.ring_sm_margin}")
     if torch_cp is not None:
         log(env, "torch context parallel: " + (f"unavailable: {torch_cp.missing}" if torch_cp.missing else
                                                f"rotate method {torch_cp.rotate_method()}"))

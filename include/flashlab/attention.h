@@ -52,6 +52,10 @@ struct AttentionOptions {
   double softcap = 0.0;
   at::Tensor alibi_slopes;
   at::Tensor sinks;
+  // SMs a persistent forward (fa3_wgmma_sm90) leaves to kernels that run
+  // beside it, as FA3's sm_margin: the ring of flashlab.distributed leaves
+  // them to NCCL's transfers. >= 0; other kernels ignore it.
+  int sm_margin = 0;
 };
 
 // ---------------------------------------------------------------------------

@@ -122,6 +122,10 @@ struct AttentionParams {
 
   int device_compute_capability = 0;  // e.g. 90 for sm_90; 0 when unknown
   void* stream = nullptr;             // cudaStream_t
+  // SMs a persistent grid leaves free (FA3's sm_margin): a kernel running
+  // beside it (NCCL's transfers in the ring of flashlab.distributed) then
+  // finds SMs instead of waiting for the whole grid to finish. 0: every SM.
+  int sm_margin = 0;
 
   // Where a kernel records a bad device-side value (DeviceErrorLog, host-mapped);
   // nullptr: it clamps the value and records nothing.

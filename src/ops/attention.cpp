@@ -65,6 +65,7 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   }
   if (options.sinks.defined()) params.modification.sinks = options.sinks.data_ptr<float>();
   params.device_compute_capability = device_compute_capability(q);
+  params.sm_margin = options.sm_margin;
   return params;
 }
 

@@ -123,6 +123,8 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   if (options.softmax_scale)
     TORCH_CHECK(std::isfinite(*options.softmax_scale), "softmax_scale must be finite; got ",
                 *options.softmax_scale);
+  TORCH_CHECK(options.sm_margin >= 0, "sm_margin (SMs a persistent kernel leaves free) must be >= 0; got ",
+              options.sm_margin);
   if (!packed_tokens) check_score_modification(options, q.size(0), q.size(2), q.device());
 }
 

@@ -73,10 +73,12 @@ Options attention_options(std::optional<double> softmax_scale, bool causal, int6
 TensorPair fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                std::optional<double> softmax_scale, bool causal, int64_t window_left,
                int64_t window_right, bool /*deterministic*/, c10::string_view kernel, double softcap,
-               const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
-  auto result = attention_forward(q, k, v,
-                                  attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right,
-                                                                      kernel, {softcap, alibi_slopes, sinks}));
+               const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
+               int64_t sm_margin) {
+  auto options = attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel,
+                                                     {softcap, alibi_slopes, sinks});
+  options.sm_margin = to_int(sm_margin, "sm_margin");
+  auto result = attention_forward(q, k, v, options);
   return contiguous(result.out, result.lse);
 }
 
@@ -85,12 +87,13 @@ TensorPair varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor
                       int64_t max_seqlen_q, int64_t max_seqlen_k,
                       std::optional<double> softmax_scale, bool causal, int64_t window_left,
                       int64_t window_right, bool /*deterministic*/, c10::string_view kernel, double softcap,
-                      const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
-  auto result = attention_varlen_forward(
-      q, k, v, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"),
-      to_int(max_seqlen_k, "max_seqlen_k"),
-      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel,
-                                          {softcap, alibi_slopes, sinks}));
+                      const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
+                      int64_t sm_margin) {
+  auto options = attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel,
+                                                     {softcap, alibi_slopes, sinks});
+  options.sm_margin = to_int(sm_margin, "sm_margin");
+  auto result = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"),
+                                         to_int(max_seqlen_k, "max_seqlen_k"), options);
   return contiguous(result.out, result.lse);
 }
 
@@ -183,11 +186,11 @@ const c10::TypedOperatorHandle<Signature>& op_handle(const char* name) {
 using OptionalTensor = const std::optional<at::Tensor>&;
 using FwdSignature = TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, double,
-                                OptionalTensor, OptionalTensor);
+                                OptionalTensor, OptionalTensor, int64_t);
 using VarlenFwdSignature = TensorPair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       const at::Tensor&, const at::Tensor&, int64_t, int64_t,
                                       std::optional<double>, bool, int64_t, int64_t, bool,
-                                      c10::string_view, double, OptionalTensor, OptionalTensor);
+                                      c10::string_view, double, OptionalTensor, OptionalTensor, int64_t);
 using BwdSignature = Gradients(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                std::optional<double>, bool, int64_t, int64_t, bool, c10::string_view, double,
@@ -214,7 +217,7 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
                                const at::Tensor& v, const std::optional<at::Tensor>& sinks, const Lengths& lengths,
                                std::optional<double> softmax_scale, bool causal, int64_t window_left,
                                int64_t window_right, bool deterministic, c10::string_view kernel, double softcap,
-                               const Modifications& alibi) {
+                               const Modifications& alibi, int64_t sm_margin) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const auto& [cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k] = lengths;
     const bool varlen = cu_seqlens_q.defined();
@@ -222,10 +225,10 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
         varlen ? op_handle<VarlenFwdSignature>("flashlab::varlen_fwd")
                      .call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                            causal, window_left, window_right, deterministic, kernel, softcap, alibi.alibi_slopes,
-                           sinks)
+                           sinks, sm_margin)
                : op_handle<FwdSignature>("flashlab::fwd")
                      .call(q, k, v, softmax_scale, causal, window_left, window_right, deterministic, kernel,
-                           softcap, alibi.alibi_slopes, sinks);
+                           softcap, alibi.alibi_slopes, sinks, sm_margin);
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, alibi.alibi_slopes.value_or(at::Tensor()),
                             sinks.value_or(at::Tensor())});
     ctx->saved_data["softcap"] = softcap;
@@ -260,17 +263,19 @@ struct AttentionFunction : torch::autograd::Function<AttentionFunction> {
             : op_handle<BwdSignature>("flashlab::bwd")
                   .call(dout, saved[0], saved[1], saved[2], saved[3], saved[4], softmax_scale, causal,
                         window_left, window_right, deterministic, kernel, softcap, alibi_slopes, sinks);
-    return {dq, dk, dv, sinks ? dsinks : at::Tensor(), {}, {}, {}, {}, {}, {}, {}, {}, {}};
+    return {dq, dk, dv, sinks ? dsinks : at::Tensor(), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
 TensorPair fwd_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         std::optional<double> softmax_scale, bool causal, int64_t window_left,
                         int64_t window_right, bool deterministic, c10::string_view kernel, double softcap,
-                        const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks) {
+                        const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& sinks,
+                        int64_t sm_margin) {
   const variable_list result =
       AttentionFunction::apply(q, k, v, sinks, Lengths{}, softmax_scale, causal, window_left, window_right,
-                               deterministic, kernel, softcap, Modifications{0.0, alibi_slopes, std::nullopt});
+                               deterministic, kernel, softcap, Modifications{0.0, alibi_slopes, std::nullopt},
+                               sm_margin);
   return {result[0], result[1]};
 }
 
@@ -281,10 +286,11 @@ TensorPair varlen_fwd_autograd(const at::Tensor& q, const at::Tensor& k, const a
                                int64_t window_left, int64_t window_right, bool deterministic,
                                c10::string_view kernel, double softcap,
                                const std::optional<at::Tensor>& alibi_slopes,
-                               const std::optional<at::Tensor>& sinks) {
+                               const std::optional<at::Tensor>& sinks, int64_t sm_margin) {
   const variable_list result = AttentionFunction::apply(
       q, k, v, sinks, Lengths{cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k}, softmax_scale, causal,
-      window_left, window_right, deterministic, kernel, softcap, Modifications{0.0, alibi_slopes, std::nullopt});
+      window_left, window_right, deterministic, kernel, softcap, Modifications{0.0, alibi_slopes, std::nullopt},
+      sm_margin);
   return {result[0], result[1]};
 }
 
@@ -364,14 +370,14 @@ TORCH_LIBRARY(flashlab, m) {
   const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
-      "-> (Tensor out, Tensor lse)",
+      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+      "int sm_margin=0) -> (Tensor out, Tensor lse)",
       tags);
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, bool causal=False, "
-      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
-      "-> (Tensor out, Tensor lse)",
+      "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, "
+      "int sm_margin=0) -> (Tensor out, Tensor lse)",
       tags);
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "

@@ -125,6 +125,35 @@ def test_deterministic_reaches_every_block_backward():
     assert all(f == [True] * (world + 1) for f in flags), flags
 
 
+def _sm_margin_worker(rank, world, init_file, results):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        margins = []
+
+        def recording_forward(*args, sm_margin=0, **kwargs):
+            margins.append(sm_margin)
+            return reference_block_ops.forward(*args, **kwargs)
+        ops = BlockOps(recording_forward, reference_block_ops.backward)
+        q, k, v, _ = _problem(24, 2)
+        local = [x.chunk(world, dim=1)[rank] for x in (q, k, v)]
+        ring_flash_attn_func(*local, block_ops=ops, sm_margin=6)
+        torch.save(margins, os.path.join(results, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sm_margin_reaches_the_forwards_beside_a_transfer():
+    world = 3
+    with tempfile.TemporaryDirectory() as results:
+        mp.spawn(_sm_margin_worker, args=(world, os.path.join(results, "init"), results), nprocs=world, join=True)
+        margins = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+    # Steps 0 .. world - 2 send K/V on while they compute; the last one sends nothing.
+    assert all(m == [6] * (world - 1) + [0] for m in margins), margins
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="sm_margin .* must be an int >= 0; got -1"):
+        ring_flash_attn_func(q, q, q, sm_margin=-1)
+
+
 def test_zigzag_round_trip_and_balance():
     x = torch.arange(2 * 3 * 24).reshape(2, 24, 3, 1)
     shards = [zigzag_shard(x, rank, 3) for rank in range(3)]

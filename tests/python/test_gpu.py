@@ -343,6 +343,21 @@ def test_softmax_scale_stays_that_of_the_original_head_dim():
             lambda q, k, v: attention_ref(q, k, v, softmax_scale=scale))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm_margin_leaves_the_result_unchanged(causal):
+    # A smaller persistent grid hands the same tiles to fewer CTAs; each tile is
+    # computed the same way, so the output is bitwise that of the full grid.
+    torch.manual_seed(5)
+    q = torch.randn(2, 1023, 8, 128, device=DEVICE, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 1023, 2, 128, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+    full = torch.ops.flashlab.fwd(q, k, v, None, causal, -1, -1, False, "auto")
+    for margin in (7, 10_000):  # 10 000: more than the device has, the grid keeps one CTA
+        out, lse = torch.ops.flashlab.fwd(q, k, v, None, causal, -1, -1, False, "auto", sm_margin=margin)
+        assert torch.equal(out, full[0]) and torch.equal(lse, full[1]), margin
+    with pytest.raises(RuntimeError, match="sm_margin .* must be >= 0; got -2"):
+        torch.ops.flashlab.fwd(q, k, v, sm_margin=-2)
+
+
 def test_packed_layouts_match_separate_tensors():
     torch.manual_seed(4)
     qkv = torch.randn(2, 200, 3, 4, 64, device=DEVICE, dtype=torch.float16, requires_grad=True)

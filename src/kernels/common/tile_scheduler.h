@@ -35,6 +35,7 @@ struct Schedule {
 inline Schedule schedule(const AttentionParams& params, int block_m, int element_bytes,
                          int multiprocessors, int l2_bytes) {
   Schedule result;
+  multiprocessors = std::max(1, multiprocessors - params.sm_margin);  // the SMs the grid may take
   result.num_q_blocks = (params.seqlen_q + block_m - 1) / block_m;
   result.num_work_tiles = result.num_q_blocks * params.heads * params.batch;
   if (result.num_work_tiles == 0) return result;

@@ -27,7 +27,8 @@ def _new_contiguous(like: torch.Tensor, shape=None, dtype=None) -> torch.Tensor:
 
 @torch.library.register_fake("flashlab::fwd")
 def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_right=-1,
-              deterministic=False, kernel_name="auto", softcap=0.0, alibi_slopes=None, sinks=None):
+              deterministic=False, kernel_name="auto", softcap=0.0, alibi_slopes=None, sinks=None,
+              sm_margin=0):
     batch, seqlen_q, heads, _ = q.shape
     return _new_contiguous(q), _new_contiguous(q, (batch, heads, seqlen_q), torch.float32)
 
@@ -36,7 +37,7 @@ def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale=None, causal=False, window_left=-1, window_right=-1,
                      deterministic=False, kernel_name="auto", softcap=0.0, alibi_slopes=None,
-                     sinks=None):
+                     sinks=None, sm_margin=0):
     total_q, heads, _ = q.shape
     return _new_contiguous(q), _new_contiguous(q, (heads, total_q), torch.float32)
 

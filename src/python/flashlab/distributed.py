@@ -8,7 +8,11 @@ the rank attends its queries to the K/V it holds with a block operation that ret
 combine's rule). The next K/V travel while the current block computes: NCCL runs the
 transfers on its own stream, which waits for the tensors sent to be ready, and the
 compute stream waits for it only when the received K/V are used (request.wait() on a
-CUDA stream blocks no host thread). GQA sends only the kv heads. The backward runs the
+CUDA stream blocks no host thread). NCCL's transfer kernels need SMs of their own while
+the block runs: a persistent forward (fa3_wgmma_sm90: one CTA per SM, each holding a
+whole SM) that starts first leaves them none, and the transfer then waits for the whole
+block; so the forward steps a transfer runs beside leave sm_margin SMs free (the
+kernel's sm_margin, as FA3's). GQA sends only the kv heads. The backward runs the
 same ring: each rank adds its dQ locally; the K/V for the next step leave before the
 current block starts, and each block's dK/dV accumulator follows its K/V one step
 behind (in flight during the next block), gathering every rank's share, and reaches
@@ -37,13 +41,14 @@ kernels (torch.ops.flashlab.fwd / bwd and their varlen forms: the backward of a 
 given the final out and lse is exactly a block's share of the gradients);
 reference_block_ops is plain torch math (the CPU tests run the schemes with it on
 gloo). scripts/bench_distributed.py (torchrun) times the ring and Ulysses against torch's
-context_parallel over SDPA. Nothing here has run on a GPU yet.
+context_parallel over SDPA (docs/benchmarks.md has its figures on 4 H100s).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -144,9 +149,18 @@ class BlockOps:
     varlen_forward: Optional[Callable] = None
     varlen_backward: Optional[Callable] = None
 
+    def with_sm_margin(self, sm_margin: int) -> "BlockOps":
+        """The forwards with sm_margin=... (flashlab's take it: SMs a persistent kernel
+        leaves free); itself for 0, so block operations without the argument keep working."""
+        if not sm_margin:
+            return self
+        varlen = partial(self.varlen_forward, sm_margin=sm_margin) if self.varlen_forward else None
+        return replace(self, forward=partial(self.forward, sm_margin=sm_margin), varlen_forward=varlen)
 
-def _flashlab_forward(q, k, v, causal, softmax_scale):
-    out, lse = torch.ops.flashlab.fwd(q, k, v, softmax_scale, causal, -1, -1, False, "auto")
+
+def _flashlab_forward(q, k, v, causal, softmax_scale, sm_margin=0):
+    out, lse = torch.ops.flashlab.fwd(q, k, v, softmax_scale, causal, -1, -1, False, "auto",
+                                      sm_margin=sm_margin)
     return out, lse
 
 
@@ -156,9 +170,9 @@ def _flashlab_backward(dout, q, k, v, out, lse, causal, softmax_scale, determini
     return dq, dk, dv
 
 
-def _flashlab_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+def _flashlab_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_scale, sm_margin=0):
     return torch.ops.flashlab.varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, -1, -1, False,
-                                         "auto")
+                                         "auto", sm_margin=sm_margin)
 
 
 def _flashlab_varlen_backward(dout, q, k, v, out, lse, cu_q, max_q, cu_k, max_k, causal, softmax_scale,
@@ -189,7 +203,7 @@ def _reference_probabilities(q, k, causal, softmax_scale, lse=None):
     return scores, torch.exp(scores - lse.to(scores.dtype)[..., None])
 
 
-def _reference_forward(q, k, v, causal, softmax_scale):
+def _reference_forward(q, k, v, causal, softmax_scale, sm_margin=0):  # sm_margin: no SMs to leave
     scores = _reference_probabilities(q, k, causal, softmax_scale)
     lse = torch.logsumexp(scores, dim=-1)
     probabilities = torch.where(torch.isfinite(lse)[..., None], torch.exp(scores - lse[..., None]),
@@ -220,7 +234,7 @@ def _sequences(cu_q, cu_k):
     return zip(cu_q.tolist()[:-1], cu_q.tolist()[1:], cu_k.tolist()[:-1], cu_k.tolist()[1:])
 
 
-def _reference_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_scale):
+def _reference_varlen_forward(q, k, v, cu_q, max_q, cu_k, max_k, causal, softmax_scale, sm_margin=0):
     out = torch.zeros_like(q)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=_accumulator_dtype(q), device=q.device)
     for qs, qe, ks, ke in _sequences(cu_q, cu_k):
@@ -385,25 +399,28 @@ class _VarlenLayout:
                                    deterministic=deterministic)
 
 
-def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout):
+def _ring_forward(q, k, v, causal, softmax_scale, ring: _Ring, ops: BlockOps, layout, sm_margin=0):
     acc = _accumulator_dtype(q)
+    overlapped_ops = ops.with_sm_margin(sm_margin)  # for the steps a transfer runs beside
     out = torch.zeros_like(q, dtype=acc)
     lse = torch.full(layout.lse_shape(q), float("-inf"), dtype=acc, device=q.device)
     kv = (k, v)
     for step in range(ring.world_size):
         requests, received = ring.start(kv) if step + 1 < ring.world_size else ([], None)
+        step_ops = overlapped_ops if requests else ops
         source = (ring.rank - step) % ring.world_size
         part, block_causal = _step_shape(causal, ring.rank, source)
         k_cur, v_cur = kv
         if part == "all":
-            block_out, block_lse = layout.forward(ops, q, k_cur, v_cur, block_causal, softmax_scale, part)
+            block_out, block_lse = layout.forward(step_ops, q, k_cur, v_cur, block_causal, softmax_scale, part)
             out, lse = merge_partial(out, lse, block_out, block_lse)
         elif part == "keys_first":
-            block_out, block_lse = layout.forward(ops, q, layout.first(k_cur), layout.first(v_cur), False,
+            block_out, block_lse = layout.forward(step_ops, q, layout.first(k_cur), layout.first(v_cur), False,
                                                   softmax_scale, part)
             out, lse = merge_partial(out, lse, block_out, block_lse)
         else:
-            block_out, block_lse = layout.forward(ops, layout.second(q), k_cur, v_cur, False, softmax_scale, part)
+            block_out, block_lse = layout.forward(step_ops, layout.second(q), k_cur, v_cur, False, softmax_scale,
+                                                  part)
             merged_out, merged_lse = merge_partial(layout.second(out), layout.second_lse(lse), block_out,
                                                    block_lse)
             out = layout.with_second(out, merged_out)
@@ -462,9 +479,9 @@ def _ring_backward(dout, q, k, v, out, lse, causal, softmax_scale, ring: _Ring, 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, group, ops, layout, deterministic):
+    def forward(ctx, q, k, v, softmax_scale, causal, group, ops, layout, deterministic, sm_margin):
         ring = _Ring(group)
-        out, lse = _ring_forward(q, k, v, causal, softmax_scale, ring, ops, layout)
+        out, lse = _ring_forward(q, k, v, causal, softmax_scale, ring, ops, layout, sm_margin)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale, ctx.causal, ctx.group, ctx.ops, ctx.layout = softmax_scale, causal, group, ops, layout
         ctx.deterministic = deterministic
@@ -476,19 +493,28 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.softmax_scale,
                                     _Ring(ctx.group), ctx.ops, ctx.layout, ctx.deterministic)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _sm_margin(sm_margin) -> int:
+    if not isinstance(sm_margin, int) or isinstance(sm_margin, bool) or sm_margin < 0:
+        raise ValueError(f"sm_margin (SMs the ring's forward blocks leave to NCCL) must be an int >= 0; "
+                         f"got {sm_margin!r}")
+    return sm_margin
 
 
 def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal: bool = False,
                          group=None, block_ops: Optional[BlockOps] = None, return_lse: bool = False,
-                         deterministic: bool = False):
+                         deterministic: bool = False, sm_margin: int = 0):
     """Attention over the whole sequence of which each rank of `group` (default: the
     world) holds one shard: q (batch, seqlen / world, heads, head_dim), k, v (batch,
     seqlen / world, kv_heads, head_dim); for causal, the zigzag shards (zigzag_shard).
     Returns the rank's out shard (and the LSE (batch, heads, seqlen / world) with
     return_lse); differentiable in q, k, v. block_ops: flashlab's kernels by default.
     deterministic: each block's backward in its deterministic mode; the ring adds the
-    blocks' shares in a fixed order, so the gradients are then bitwise reproducible."""
+    blocks' shares in a fixed order, so the gradients are then bitwise reproducible.
+    sm_margin: SMs the forward blocks that run beside a K/V transfer leave to NCCL's
+    kernels (a block operation's forward must then take sm_margin=, as flashlab's does)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"ring_flash_attn_func: q, k, v must be (batch, seqlen, heads, head_dim); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -500,18 +526,19 @@ def ring_flash_attn_func(q, k, v, softmax_scale: Optional[float] = None, causal:
                          f"{q.shape[1]} rows")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
-                                    _DenseLayout(q.shape[1]), bool(deterministic))
+                                    _DenseLayout(q.shape[1]), bool(deterministic), _sm_margin(sm_margin))
     return (out, lse) if return_lse else out
 
 
 def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen: int, softmax_scale: Optional[float] = None,
                                 causal: bool = False, group=None, block_ops: Optional[BlockOps] = None,
-                                return_lse: bool = False, deterministic: bool = False):
+                                return_lse: bool = False, deterministic: bool = False, sm_margin: int = 0):
     """ring_flash_attn_func for packed sequences: q (total / world, heads, head_dim), k, v
     (total / world, kv_heads, head_dim), this rank's rows of every sequence back to back;
     cu_seqlens (int32, on q's device) and max_seqlen describe the rank's rows (each
     sequence's length / world: zigzag_shard_varlen's). For causal every sequence's shard
-    is its zigzag shard, of even length. Returns out (and lse (heads, total / world))."""
+    is its zigzag shard, of even length. Returns out (and lse (heads, total / world)).
+    sm_margin as ring_flash_attn_func's."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"ring_flash_attn_varlen_func: q, k, v must be (total, heads, head_dim); got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -520,7 +547,8 @@ def ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen: int, softmax_sc
                          f"on a rank must be even; got lengths {cu_seqlens.diff().tolist()}")
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), group, block_ops or flashlab_block_ops,
-                                    _VarlenLayout(cu_seqlens, int(max_seqlen)), bool(deterministic))
+                                    _VarlenLayout(cu_seqlens, int(max_seqlen)), bool(deterministic),
+                                    _sm_margin(sm_margin))
     return (out, lse) if return_lse else out
 
 

@@ -25,6 +25,11 @@ to twice torch's same-precision error.
 
     python3 scripts/fp8_accuracy.py                      # the table (seconds on a CPU)
     python3 scripts/fp8_accuracy.py --seqlen 4096 --json fp8.json
+
+With --kernel (an H100: flashlab's FP8 forward, fa3_wgmma_sm90) the table adds the kernel's own
+output for the same inputs and quantizations (bf16 out): "kernel e4m3 naive" (every descale 1),
+"kernel e4m3 per-tensor" (each tensor's one factor, passed as every (batch, kv head)'s),
+"kernel e4m3 descale" (FA3's per-(batch, kv head) factors) and "kernel + Hadamard on Q, K".
 """
 import argparse
 import json
@@ -108,6 +113,40 @@ def paths(q, k, v, kv_heads, generator):
     }
 
 
+def kernel_paths(q, k, v, kv_heads, generator):
+    """name -> the FP8 kernel's output (float64, on the CPU) for q, k, v quantized that way."""
+    import flashlab  # noqa: F401  (the extension; --kernel only)
+    from flashlab import flash_attn_func
+
+    batch = q.shape[0]
+
+    def factors(x, rule):
+        if rule == "naive":
+            return torch.ones(batch, kv_heads, dtype=torch.float64)
+        if rule == "per-tensor":
+            return per_tensor_scale(x).expand(batch, kv_heads).clone()
+        return per_kv_head_scale(x, kv_heads)[:, 0, ::x.shape[2] // kv_heads, 0].clone()
+
+    def run(tensors, rule):
+        quantized, descales = [], []
+        for x in tensors:
+            descale = factors(x, rule)
+            group = x.shape[2] // kv_heads
+            expanded = descale.repeat_interleave(group, dim=1)[:, None, :, None]
+            quantized.append((x / expanded).to("cuda", torch.float32).to(E4M3))
+            descales.append(descale.to("cuda", torch.float32).contiguous())
+        out = flash_attn_func(*quantized, q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+        return out.to(torch.float64).cpu()
+
+    hadamard = random_hadamard(q.shape[-1], generator)
+    return {
+        "kernel e4m3 naive": run((q, k, v), "naive"),
+        "kernel e4m3 per-tensor": run((q, k, v), "per-tensor"),
+        "kernel e4m3 descale": run((q, k, v), "descale"),
+        "kernel + Hadamard": run((q @ hadamard, k @ hadamard, v), "descale"),
+    }
+
+
 def measure(args):
     rows = []
     for outliers in (False, True):
@@ -121,6 +160,14 @@ def measure(args):
             rmse = error.pow(2).mean().sqrt().item()
             rows.append({"inputs": "outliers" if outliers else "normal", "path": name, "rmse": rmse,
                          "relative_rmse": rmse / rms, "max_abs_err": error.abs().max().item(), "out_rms": rms})
+        if args.kernel:
+            generator = torch.Generator().manual_seed(args.seed + 1)  # the emulation's Hadamard
+            for name, out in kernel_paths(q, k, v, args.kv_heads, generator).items():
+                error = out - exact
+                rmse = error.pow(2).mean().sqrt().item()
+                rows.append({"inputs": "outliers" if outliers else "normal", "path": name, "rmse": rmse,
+                             "relative_rmse": rmse / rms, "max_abs_err": error.abs().max().item(),
+                             "out_rms": rms})
     return rows
 
 
@@ -133,15 +180,17 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    parser.add_argument("--kernel", action="store_true",
+                        help="add flashlab's FP8 kernel (CUDA, sm_90a) on the same inputs")
     args = parser.parse_args()
     if args.heads % args.kv_heads:
         parser.error(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
     rows = measure(args)
     print(f"batch {args.batch}, seqlen {args.seqlen}, heads {args.heads}/{args.kv_heads}, head_dim {args.head_dim}, "
           f"seed {args.seed}; error of out against float64 attention of the original inputs")
-    print(f"{'inputs':<9} {'path':<18} {'RMSE':>10} {'rel RMSE':>9} {'max |err|':>10}")
+    print(f"{'inputs':<9} {'path':<22} {'RMSE':>10} {'rel RMSE':>9} {'max |err|':>10}")
     for row in rows:
-        print(f"{row['inputs']:<9} {row['path']:<18} {row['rmse']:10.3e} {row['relative_rmse']:9.4f} "
+        print(f"{row['inputs']:<9} {row['path']:<22} {row['rmse']:10.3e} {row['relative_rmse']:9.4f} "
               f"{row['max_abs_err']:10.3e}")
     for inputs in ("normal", "outliers"):
         by_path = {r["path"]: r for r in rows if r["inputs"] == inputs}
@@ -150,6 +199,12 @@ def main():
               f"P in e4m3 adds {by_path['e4m3 descale + P']['rmse'] / by_path['e4m3 descale']['rmse']:.2f}x, "
               f"per-tensor / (descale + P + Hadamard) "
               f"{by_path['e4m3 per-tensor']['rmse'] / by_path['+ Hadamard on Q, K']['rmse']:.2f}x")
+        if args.kernel:
+            print(f"{inputs}: kernel: naive cast / descale RMSE "
+                  f"{by_path['kernel e4m3 naive']['rmse'] / by_path['kernel e4m3 descale']['rmse']:.2f}x, "
+                  f"per-tensor / Hadamard {by_path['kernel e4m3 per-tensor']['rmse'] / by_path['kernel + Hadamard']['rmse']:.2f}x, "
+                  f"kernel descale / emulated descale + P "
+                  f"{by_path['kernel e4m3 descale']['rmse'] / by_path['e4m3 descale + P']['rmse']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=1)

@@ -52,6 +52,13 @@ struct AttentionOptions {
   double softcap = 0.0;
   at::Tensor alibi_slopes;
   at::Tensor sinks;
+  // FP8 (q, k, v of dtype Float8_e4m3fn; forward only, fa3_wgmma_sm90 on
+  // sm_90a): FA3's descale factors, float32 (batch, kv_heads) each (undefined:
+  // 1), that turn the stored values into what they stand for: attention of
+  // q * q_descale, k * k_descale, v * v_descale. The output is output_dtype
+  // (BFloat16 or Half; default BFloat16), the LSE float32.
+  at::Tensor q_descale, k_descale, v_descale;
+  std::optional<at::ScalarType> output_dtype;
   // SMs a persistent forward (fa3_wgmma_sm90) leaves to kernels that run
   // beside it, as FA3's sm_margin: the ring of flashlab.distributed leaves
   // them to NCCL's transfers. >= 0; other kernels ignore it.

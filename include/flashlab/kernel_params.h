@@ -14,7 +14,9 @@
 
 namespace flashlab {
 
-enum class DataType : int { float32 = 0, float16 = 1, bfloat16 = 2 };
+// e4m3: 8-bit floats (FP8, 4 exponent and 3 mantissa bits), forward inputs only
+// (fa3_wgmma_sm90's FP8 path); the output is 16-bit (output_dtype).
+enum class DataType : int { float32 = 0, float16 = 1, bfloat16 = 2, e4m3 = 3 };
 
 const char* data_type_name(DataType dtype);
 
@@ -122,6 +124,15 @@ struct AttentionParams {
 
   int device_compute_capability = 0;  // e.g. 90 for sm_90; 0 when unknown
   void* stream = nullptr;             // cudaStream_t
+  // FP8 (dtype e4m3): the output's 16-bit type, and the descale factors, float32
+  // (batch, kv_heads) each with batch stride descale_batch_stride (nullptr: 1),
+  // that turn the stored e4m3 values back into the values they stand for:
+  // S = (q * q_descale) (k * k_descale)^T, O = P (v * v_descale).
+  DataType output_dtype = DataType::bfloat16;
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t descale_batch_stride = 0;
   // SMs a persistent grid leaves free (FA3's sm_margin): a kernel running
   // beside it (NCCL's transfers in the ring of flashlab.distributed) then
   // finds SMs instead of waiting for the whole grid to finish. 0: every SM.

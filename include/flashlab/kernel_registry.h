@@ -125,6 +125,9 @@ struct KernelVariant {
   std::string summary;  // one line: algorithm and limits
   Architectures architectures;  // kSm80OrNewer, kSm90aOnly: the library the kernel is in
   bool supports_tile_trace = false;
+  // Takes e4m3 (FP8) inputs in the forward (AttentionParams::output_dtype,
+  // the descales); the kernel choice refuses e4m3 problems to the others.
+  bool supports_e4m3 = false;
   // The order a query block visits its key tiles (the tile trace's running
   // states follow it): ascending, or from the last tile down (fa3, so the
   // tiles a causal diagonal cuts come first).

@@ -66,6 +66,13 @@ AttentionParams make_params(const at::Tensor& q, const at::Tensor& k, const at::
   if (options.sinks.defined()) params.modification.sinks = options.sinks.data_ptr<float>();
   params.device_compute_capability = device_compute_capability(q);
   params.sm_margin = options.sm_margin;
+  if (params.dtype == DataType::e4m3) {
+    params.output_dtype = to_data_type(out.defined() ? out.scalar_type() : detail::output_scalar_type(q, options));
+    params.q_descale = options.q_descale.defined() ? options.q_descale.data_ptr<float>() : nullptr;
+    params.k_descale = options.k_descale.defined() ? options.k_descale.data_ptr<float>() : nullptr;
+    params.v_descale = options.v_descale.defined() ? options.v_descale.data_ptr<float>() : nullptr;
+    params.descale_batch_stride = params.kv_heads;
+  }
   return params;
 }
 
@@ -96,7 +103,10 @@ at::Tensor run_forward(const KernelVariant& kernel, const at::Tensor& q, const a
   detail::LaunchTensors tensors;
   tensors.inputs = {q, k, v};
   tensors.outputs = {out};
-  tensors.output_like = {q};
+  // The FP8 forward writes a 16-bit output (an expanded one-element tensor:
+  // the shape of q, the dtype of the output, nothing allocated).
+  const at::ScalarType out_type = detail::output_scalar_type(q, options);
+  tensors.output_like = {out_type == q.scalar_type() ? q : q.new_empty({1}, q.options().dtype(out_type)).expand(q.sizes())};
   return detail::run_at_kernel_head_dim(
       kernel, q.size(-1), tensors, options, [&](const detail::LaunchTensors& run, const AttentionOptions& run_options) {
         detail::launch_mode_kernel(kernel, make(run.inputs[0], run.inputs[1], run.inputs[2], run.outputs[0], run_options));
@@ -123,7 +133,7 @@ AttentionOutput forward(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const KernelVariant& kernel = select_kernel(q, k, v, options);
   const std::vector<int64_t> lse_shape = {q.size(0), q.size(2), q.size(1)};
   if (into)
-    check_output_buffers(q, out, lse, lse_shape, "(batch, heads, seqlen_q)");
+    check_output_buffers(q, out, lse, lse_shape, "(batch, heads, seqlen_q)", detail::output_scalar_type(q, options));
   else
     lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
   const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k and v");

@@ -48,6 +48,8 @@ struct KernelMode<AttentionParams> {
     return kernel.unsupported_reason(params);
   }
   static std::string extra_reason(const KernelVariant& kernel, const AttentionParams& params) {
+    if (params.dtype == DataType::e4m3 && !kernel.supports_e4m3)
+      return kernel.name + " takes no e4m3 (FP8) inputs (supports_e4m3 is off; fa3_wgmma_sm90 takes them on sm_90a)";
     if (params.trace.enabled() && !kernel.supports_tile_trace)
       return kernel.name + " does not record tile states (supports_tile_trace is off)";
     // The traced instantiations are the plain ones (the trace's m and l would hold the sink otherwise).
@@ -81,6 +83,8 @@ struct KernelMode<AttentionBackwardParams> {
     return kernel.backward_unsupported_reason != nullptr ? kernel.backward_unsupported_reason(params) : "";
   }
   static std::string extra_reason(const KernelVariant& kernel, const AttentionBackwardParams& params) {
+    if (params.dtype == DataType::e4m3)
+      return kernel.name + "'s backward takes no e4m3 (FP8) inputs (the FP8 path is a forward only)";
     if (params.trace.enabled())
       return kernel.name + "'s backward does not record tile states (tile traces are forward only)";
     return {};

@@ -9,6 +9,7 @@ const char* data_type_name(DataType dtype) {
     case DataType::float32: return "fp32";
     case DataType::float16: return "fp16";
     case DataType::bfloat16: return "bf16";
+    case DataType::e4m3: return "e4m3";
   }
   return "unknown";
 }

@@ -79,6 +79,7 @@ DataType to_data_type(at::ScalarType type) {
     case at::kFloat: return DataType::float32;
     case at::kHalf: return DataType::float16;
     case at::kBFloat16: return DataType::bfloat16;
+    case at::kFloat8_e4m3fn: return DataType::e4m3;
     default: TORCH_CHECK(false, "unsupported dtype ", type);
   }
 }
@@ -93,8 +94,8 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                 " must be 4-D (batch, seqlen, heads, head_dim); got a ", tensor->dim(),
                 "-D tensor of shape ", shape_text(*tensor));
     const auto type = tensor->scalar_type();
-    TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16, name,
-                " has dtype ", type, "; supported dtypes are Float, Half and BFloat16");
+    TORCH_CHECK(type == at::kFloat || type == at::kHalf || type == at::kBFloat16 || type == at::kFloat8_e4m3fn, name,
+                " has dtype ", type, "; supported dtypes are Float, Half, BFloat16 and Float8_e4m3fn (forward only)");
   }
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "q, k and v must share one dtype; got q ", q.scalar_type(), ", k ", k.scalar_type(),
@@ -126,6 +127,32 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(options.sm_margin >= 0, "sm_margin (SMs a persistent kernel leaves free) must be >= 0; got ",
               options.sm_margin);
   if (!packed_tokens) check_score_modification(options, q.size(0), q.size(2), q.device());
+  if (!packed_tokens) check_fp8_options(options, q.scalar_type() == at::kFloat8_e4m3fn, q.size(0), k.size(2), q.device());
+}
+
+void check_fp8_options(const AttentionOptions& options, bool fp8, int64_t batch, int64_t kv_heads,
+                       const at::Device& device) {
+  for (const auto& [name, tensor] :
+       {std::pair{"q_descale", &options.q_descale}, {"k_descale", &options.k_descale}, {"v_descale", &options.v_descale}}) {
+    if (!tensor->defined()) continue;
+    TORCH_CHECK(fp8, name, " is for e4m3 (Float8_e4m3fn) inputs; got it with 16- or 32-bit q, k, v");
+    TORCH_CHECK(tensor->dim() == 2 && tensor->size(0) == batch && tensor->size(1) == kv_heads, name,
+                " must be float32 of shape (batch, kv_heads) = (", batch, ", ", kv_heads, "); got ", shape_text(*tensor));
+    TORCH_CHECK(tensor->scalar_type() == at::kFloat, name, " must be float32; got ", tensor->scalar_type());
+    TORCH_CHECK(tensor->is_contiguous(), name, " must be contiguous; got strides ", tensor->strides());
+    TORCH_CHECK(tensor->device() == device, name, " must be on q's device ", device, "; got ", tensor->device());
+  }
+  if (options.output_dtype) {
+    TORCH_CHECK(fp8, "output_dtype is for e4m3 (Float8_e4m3fn) inputs (others write q's dtype); got it with 16- or "
+                     "32-bit q, k, v");
+    TORCH_CHECK(*options.output_dtype == at::kBFloat16 || *options.output_dtype == at::kHalf,
+                "output_dtype of an e4m3 forward must be BFloat16 or Half; got ", *options.output_dtype);
+  }
+}
+
+at::ScalarType output_scalar_type(const at::Tensor& q, const AttentionOptions& options) {
+  if (q.scalar_type() != at::kFloat8_e4m3fn) return q.scalar_type();
+  return options.output_dtype.value_or(at::kBFloat16);
 }
 
 void check_score_modification(const AttentionOptions& options, int64_t batch, int64_t heads,
@@ -158,10 +185,12 @@ void check_same_device(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 // float32 tensor of lse_shape, which lse_layout names for the message; both on
 // q's device.
 void check_output_buffers(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
-                          const std::vector<int64_t>& lse_shape, const char* lse_layout) {
+                          const std::vector<int64_t>& lse_shape, const char* lse_layout,
+                          std::optional<at::ScalarType> out_type) {
   TORCH_CHECK(out.defined() && lse.defined(), "out and lse must be defined tensors");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
-              "out must match q in shape and dtype; got out ", shape_text(out), " ",
+  const at::ScalarType expected = out_type.value_or(q.scalar_type());
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == expected,
+              "out must have q's shape and dtype ", expected, "; got out ", shape_text(out), " ",
               out.scalar_type(), ", q ", shape_text(q), " ", q.scalar_type());
   TORCH_CHECK(out.stride(-1) == 1, "out must have a contiguous last dimension; got strides ",
               out.strides());

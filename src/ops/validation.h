@@ -36,6 +36,13 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 void check_same_device(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+// options' FP8 arguments: the descales float32 (batch, kv_heads), contiguous,
+// on `device`, and output_dtype BFloat16 or Half, all only where `fp8` (e4m3 inputs).
+void check_fp8_options(const AttentionOptions& options, bool fp8, int64_t batch, int64_t kv_heads,
+                       const at::Device& device);
+// The forward output's dtype: q's, or for e4m3 q options.output_dtype (default BFloat16).
+at::ScalarType output_scalar_type(const at::Tensor& q, const AttentionOptions& options);
+
 // options' score modifications for `batch` sequences and `heads` query heads
 // on `device`: softcap finite and >= 0; alibi_slopes float32 (heads) or
 // (batch, heads) and sinks float32 (heads), contiguous, on `device`.
@@ -45,8 +52,10 @@ void check_score_modification(const AttentionOptions& options, int64_t batch, in
 // out like q (dtype, shape, contiguous last dimension); lse a contiguous
 // float32 tensor of lse_shape, which lse_layout names for the message; both on
 // q's device.
+// out_type: out's dtype when it is not q's (the FP8 forward's 16-bit output).
 void check_output_buffers(const at::Tensor& q, const at::Tensor& out, const at::Tensor& lse,
-                          const std::vector<int64_t>& lse_shape, const char* lse_layout);
+                          const std::vector<int64_t>& lse_shape, const char* lse_layout,
+                          std::optional<at::ScalarType> out_type = std::nullopt);
 
 // `tensor` (called `name`) like `like` (called `like_name`): defined, same
 // shape and dtype, contiguous last dimension, on the same device. For dout

@@ -97,6 +97,22 @@ TensorPair varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return contiguous(result.out, result.lse);
 }
 
+// The e4m3 (FP8) forward: no autograd (a forward only), FA3's descale factors.
+TensorPair fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale,
+                   const std::optional<at::Tensor>& v_descale, std::optional<double> softmax_scale, bool causal,
+                   int64_t window_left, int64_t window_right, std::optional<at::ScalarType> out_dtype,
+                   c10::string_view kernel) {
+  auto options =
+      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel, Modifications{});
+  options.q_descale = q_descale.value_or(at::Tensor());
+  options.k_descale = k_descale.value_or(at::Tensor());
+  options.v_descale = v_descale.value_or(at::Tensor());
+  options.output_dtype = out_dtype;
+  auto result = attention_forward(q, k, v, options);
+  return contiguous(result.out, result.lse);
+}
+
 BackwardOptions backward_options(std::optional<double> softmax_scale, bool causal,
                                  int64_t window_left, int64_t window_right, bool deterministic,
                                  c10::string_view kernel, const Modifications& modifications) {
@@ -399,6 +415,12 @@ TORCH_LIBRARY(flashlab, m) {
       "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
       "int num_splits=0, str kernel_name=\"auto\", float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
       tags);
+  // e4m3 q, k, v (forward only): out (out_dtype: BFloat16 by default, or Half), lse.
+  m.def(
+      "fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale=None, Tensor? k_descale=None, "
+      "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
+      "int window_right=-1, ScalarType? out_dtype=None, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
+      tags);
   m.def("kernels() -> str[]", &flashlab::python::kernels);
   // The ring's merge step (flashlab.distributed.merge_partial on CUDA tensors).
   m.def("merge_attention_states_(Tensor(a!) out, Tensor(b!) lse, Tensor block_out, Tensor block_lse) -> ()");
@@ -419,5 +441,6 @@ TORCH_LIBRARY_IMPL(flashlab, CUDA, m) {
   m.impl("bwd", &flashlab::python::bwd);
   m.impl("varlen_bwd", &flashlab::python::varlen_bwd);
   m.impl("fwd_kvcache", &flashlab::python::fwd_kvcache);
+  m.impl("fwd_fp8", &flashlab::python::fwd_fp8);
   m.impl("merge_attention_states_", &flashlab::merge_attention_states_);
 }

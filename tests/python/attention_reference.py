@@ -115,3 +115,54 @@ def assert_close_to_reference(name, actual, precise, same_precision, factor, dty
     bound = factor * same_precision_error + atol
     assert error <= bound, (f"{name}: max error {error:.3e} > {factor} x {same_precision_error:.3e} "
                             f"(PyTorch in {dtype}) + atol {atol:.3e}")
+
+
+# ---------------------------------------------------------------------------
+# FP8 (e4m3) inputs: FA3's quantization and the kernel's own rounding of P.
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+# The FP8 forward's P is exp(s - max) x 2^8 when rounded to e4m3 (the kernel's
+# kFp8PExponent): the largest probability is 256, below e4m3's 448.
+FP8_P_SCALE = 256.0
+
+
+def quantize_e4m3(x, kv_heads):
+    """x (batch, seqlen, heads, d) -> (e4m3 values, float32 descale (batch, kv_heads)):
+    one factor per (batch, kv head), its amax / 448 (a query head shares its kv head's,
+    as FA3's q_descale does)."""
+    batch, seqlen, heads, head_dim = x.shape
+    group = heads // kv_heads
+    amax = x.detach().abs().reshape(batch, seqlen, kv_heads, group, head_dim).amax(dim=(1, 3, 4)).float()
+    descale = amax.clamp_min(1e-12) / E4M3_MAX
+    values = (x / descale.repeat_interleave(group, dim=1)[:, None, :, None].to(x.dtype)).to(E4M3)
+    return values, descale.contiguous()
+
+
+def dequantize_e4m3(values, descale, dtype=torch.float64):
+    """What e4m3 `values` with `descale` (batch, kv_heads) stand for, in `dtype`."""
+    group = values.shape[2] // descale.shape[1]
+    return values.to(dtype) * descale.to(dtype).repeat_interleave(group, dim=1)[:, None, :, None]
+
+
+def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None):
+    """The FP8 forward's own arithmetic on dequantized q, k, v (float64): P = exp(s -
+    max) x FP8_P_SCALE rounded to e4m3 for P V, the row sum from the unrounded P. Its
+    error against attention_ref of the same inputs is what the format costs; the
+    kernel is held to twice it. Returns out (batch, seqlen_q, heads, d)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(heads // kv_heads, dim=2)
+    v = v.repeat_interleave(heads // kv_heads, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    mask = visible(seqlen_q, seqlen_k, causal, window, q.device)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(dim=-1, keepdim=True)
+    p_rounded = (p * FP8_P_SCALE).to(E4M3).to(p.dtype)
+    out = torch.einsum("bhqk,bkhd->bqhd", p_rounded, v)
+    denominator = (row_sum * FP8_P_SCALE).transpose(1, 2)  # (batch, seqlen_q, heads, 1)
+    return torch.where(denominator > 0, out / denominator.clamp_min(1e-300), torch.zeros_like(out))

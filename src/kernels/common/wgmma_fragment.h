@@ -10,6 +10,8 @@
 // and the backward's P^T and dS^T (dV += P^T dO, dK += dS^T Q) go this way.
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 #include "common/ptx_sm80.h"  // pack2
@@ -24,6 +26,29 @@ __device__ __forceinline__ void accumulator_to_a_fragments(const float (&accumul
 #pragma unroll
     for (int r = 0; r < 4; ++r)
       fragments[kk][r] = sm80::pack2<Element>(accumulator[kk * 8 + r * 2], accumulator[kk * 8 + r * 2 + 1]);
+}
+
+// The e4m3 RS A fragment of k32 step kk (four bytes a register): register r
+// holds row g (r even) or g + 8 (r odd) at the keys of accumulator tiles
+// 4kk + 2 (r / 2) and the one after, two of each. That is the k32 fragment's
+// byte order (bytes 4t .. 4t + 3 of each 16 columns for quad thread t) once the
+// keys are permuted within every 16 as fa3_wgmma_sm90's fp8_vt_key_of_position
+// says (the V^T operand is stored in that order), so no value changes thread.
+// Values saturate at e4m3's largest finite, 448.
+template <int kSteps>
+__device__ __forceinline__ void accumulator_to_fp8_a_fragments(const float (&accumulator)[kSteps * 16],
+                                                               uint32_t (&fragments)[kSteps][4]) {
+  const auto two = [](float lo, float hi) {
+    return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+  };
+#pragma unroll
+  for (int kk = 0; kk < kSteps; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int first = (4 * kk + 2 * (r / 2)) * 4 + (r % 2) * 2;  // tile 4kk + 2(r/2), row half r % 2
+      fragments[kk][r] = two(accumulator[first], accumulator[first + 1]) |
+                         two(accumulator[first + 4], accumulator[first + 5]) << 16;
+    }
 }
 
 // Iteration `iteration` of a ring of kStages slots: its slot, and the parity

@@ -61,6 +61,14 @@ def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_se
     return _new_contiguous(q), _new_contiguous(k), _new_contiguous(v), _dsinks_fake(q, sinks)
 
 
+@torch.library.register_fake("flashlab::fwd_fp8")
+def _fwd_fp8_fake(q, k, v, q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                  window_left=-1, window_right=-1, out_dtype=None, kernel_name="auto"):
+    batch, seqlen_q, heads, _ = q.shape
+    return (_new_contiguous(q, dtype=out_dtype or torch.bfloat16),
+            _new_contiguous(q, (batch, heads, seqlen_q), torch.float32))
+
+
 @torch.library.register_fake("flashlab::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                       softmax_scale=None, causal=False, window_left=-1, window_right=-1,

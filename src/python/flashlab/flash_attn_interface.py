@@ -16,6 +16,13 @@ it learnable_sink), one per head joining every row's softmax denominator (the
 LSE counts it; a row that sees no key gives 0), differentiable: its gradient
 is -sum over rows of exp(sink - lse) * rowsum(dout * out).
 
+FP8 (FlashAttention-3's interface): q, k, v of dtype torch.float8_e4m3fn with
+keyword-only q_descale, k_descale, v_descale, float32 (batch, kv_heads) each
+(None: 1), run the forward of q * q_descale, k * k_descale, v * v_descale on
+fa3_wgmma_sm90 (sm_90a; head_dim 128 or 256, fixed-length batches, no score
+modifications) and return a bfloat16 output (out_dtype=torch.float16 for half);
+there is no FP8 backward.
+
 What flashlab does not have raises instead of being ignored: dropout
 (dropout_p > 0), paged K/V in the variable-length call (block_table), and in
 flash_attn_with_kvcache rotary embedding (rotary_cos/rotary_sin),
@@ -143,16 +150,31 @@ def flash_attn_func(
     *,
     kernel="auto",
     sinks=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out_dtype=None,
 ):
     """Attention of q (batch, seqlen_q, heads, head_dim) over k, v (batch, seqlen_k,
     kv_heads, head_dim); causal and window_size (left, right) align bottom-right.
     Returns out (batch, seqlen_q, heads, head_dim), or (out, softmax_lse (batch, heads,
     seqlen_q) float32, None) with return_attn_probs. Differentiable in q, k, v (and sinks);
     deterministic=True makes the backward bitwise reproducible. softcap, alibi_slopes and
-    sinks: the score modifications of the module docstring."""
+    sinks: the score modifications of the module docstring. float8_e4m3fn q, k, v with
+    q_descale, k_descale, v_descale (and out_dtype): the FP8 forward of the module docstring."""
     _check_common("flash_attn_func", dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     left, right = _window("flash_attn_func", window_size)
     q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
+    if q.dtype == torch.float8_e4m3fn:
+        if softcap or alibi_slopes is not None or sinks is not None:
+            raise NotImplementedError("flash_attn_func: the float8_e4m3fn forward applies no softcap, "
+                                      "alibi_slopes or sinks")
+        out, lse = ops.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, _scale(softmax_scale), bool(causal),
+                               left, right, out_dtype, kernel)
+        return _result(out, lse, return_attn_probs)
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        raise ValueError(f"flash_attn_func: q_descale, k_descale, v_descale and out_dtype are for "
+                         f"torch.float8_e4m3fn q, k, v; got {q.dtype}")
     out, lse = ops.fwd(q, k, v, _scale(softmax_scale), bool(causal), left, right,
                        bool(deterministic), kernel, float(softcap), alibi_slopes, sinks)
     return _result(out, lse, return_attn_probs)

@@ -50,6 +50,7 @@ void backward_launch(const AttentionBackwardParams& params) {
     case DataType::float32: backward_launch_with_element<float>(own); break;
     case DataType::float16: backward_launch_with_element<__half>(own); break;
     case DataType::bfloat16: backward_launch_with_element<__nv_bfloat16>(own); break;
+    case DataType::e4m3: break;  // the kernel choice refuses e4m3 backwards (host_path.h)
   }
   // dsinks from the LSE and D, which the preprocess wrote laid out like the
   // LSE (same stream: after it); a fixed-order sum, so deterministic. No-op without sinks.

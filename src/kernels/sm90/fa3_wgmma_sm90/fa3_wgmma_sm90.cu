@@ -69,17 +69,19 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
                                 static_cast<cuuint64_t>(varlen ? 1 : p.batch)};
   // Byte strides of dimensions 1..3; TMA wants multiples of 16 (checked by
   // unsupported_reason). A batch of one may have any batch stride.
+  const int bytes = p.dtype == DataType::e4m3 ? 1 : 2;
   const cuuint64_t strides[3] = {
-      static_cast<cuuint64_t>(operand.row_stride * 2), static_cast<cuuint64_t>(operand.head_stride * 2),
+      static_cast<cuuint64_t>(operand.row_stride * bytes), static_cast<cuuint64_t>(operand.head_stride * bytes),
       static_cast<cuuint64_t>(
-          (varlen || p.batch == 1 ? operand.head_stride * operand.heads : operand.batch_stride) * 2)};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+          (varlen || p.batch == 1 ? operand.head_stride * operand.heads : operand.batch_stride) * bytes)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
   const CUresult status = encode_tiled()(
       &map,
-      p.dtype == DataType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      p.dtype == DataType::e4m3       ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+      : p.dtype == DataType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                      : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       4, const_cast<void*>(operand.base), extent, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -88,6 +90,26 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
                      "driver error " + std::to_string(static_cast<int>(status)) +
                          " encoding the tensor map of " + operand.name + " for " +
                          describe_problem(p));
+  return map;
+}
+
+CUtensorMap make_vt_tensor_map(const AttentionParams& p, const void* vt) {
+  const int64_t keys = fp8_vt_keys(p.seqlen_k);
+  const cuuint64_t extent[4] = {static_cast<cuuint64_t>(keys > 0 ? keys : 16), static_cast<cuuint64_t>(p.head_dim),
+                                static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(p.batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(keys * p.head_dim),
+                                 static_cast<cuuint64_t>(keys * p.head_dim * p.kv_heads)};
+  const cuuint32_t box[4] = {128, static_cast<cuuint32_t>(p.head_dim), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult status = encode_tiled()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(vt), extent, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    throw_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
+                     "driver error " + std::to_string(static_cast<int>(status)) +
+                         " encoding the tensor map of V^T (FP8) for " + describe_problem(p));
   return map;
 }
 
@@ -108,6 +130,7 @@ DeviceLimits device_limits() {
 }
 
 size_t workspace_bytes(const AttentionParams& params) {
+  if (params.dtype == DataType::e4m3) return kFp8VtOffset + static_cast<size_t>(fp8_vt_bytes(params));
   bool dynamic = false;
   if (HeadDims::contains(params.head_dim))
     FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
@@ -116,10 +139,36 @@ size_t workspace_bytes(const AttentionParams& params) {
   return dynamic ? sizeof(int) : 0;  // the tile counter (the traced build leaves it unused)
 }
 
+// The FP8 forward's own limits (fa3_wgmma_sm90_kernel.cuh, Fp8Traits).
+std::string fp8_unsupported_reason(const AttentionParams& params) {
+  if (!Fp8HeadDims::contains(params.head_dim))
+    return "fa3_wgmma_sm90 takes e4m3 (FP8) inputs at head_dim " + Fp8HeadDims::text() + " (whole 128-byte rows); got " +
+           std::to_string(params.head_dim);
+  if (params.is_varlen()) return "fa3_wgmma_sm90's e4m3 (FP8) forward takes fixed-length batches; got a variable-length one";
+  if (params.modification.any())
+    return "fa3_wgmma_sm90's e4m3 (FP8) forward applies no score modifications (softcap, alibi_slopes, sinks)";
+  if (params.trace.enabled()) return "fa3_wgmma_sm90's e4m3 (FP8) forward records no tile states";
+  if (params.output_dtype != DataType::bfloat16 && params.output_dtype != DataType::float16)
+    return std::string("fa3_wgmma_sm90's e4m3 (FP8) forward writes a bf16 or fp16 output; got ") +
+           data_type_name(params.output_dtype);
+  const bool batched = params.batch > 1;
+  const int64_t strides[] = {batched ? params.q_batch_stride : 0, params.q_row_stride, params.q_head_stride,
+                             batched ? params.k_batch_stride : 0, params.k_row_stride, params.k_head_stride};
+  for (int64_t stride : strides)
+    if (stride % 16 != 0)
+      return "fa3_wgmma_sm90 needs e4m3 q and k batch, row and head strides that are multiples of 16 elements "
+             "(TMA takes 16-byte strides); got a stride of " + std::to_string(stride);
+  return {};
+}
+
 std::string unsupported_reason(const AttentionParams& params) {
-  if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16)
-    return std::string("fa3_wgmma_sm90 supports float16 and bfloat16 inputs; got ") +
+  if (params.dtype == DataType::e4m3) {
+    std::string reason = fp8_unsupported_reason(params);
+    if (!reason.empty()) return reason;
+  } else if (params.dtype != DataType::float16 && params.dtype != DataType::bfloat16) {
+    return std::string("fa3_wgmma_sm90 supports float16, bfloat16 and e4m3 inputs; got ") +
            data_type_name(params.dtype);
+  }
   if (!HeadDims::contains(params.head_dim))
     return "fa3_wgmma_sm90 supports head_dim " + HeadDims::text() + "; got " +
            std::to_string(params.head_dim);
@@ -152,6 +201,7 @@ std::string unsupported_reason(const AttentionParams& params) {
 }
 
 std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
+  if (params.dtype == DataType::e4m3) return "fa3_wgmma_sm90's e4m3 (FP8) path is a forward only";
   if (!BackwardHeadDims::contains(params.head_dim) && HeadDims::contains(params.head_dim))
     return "fa3_wgmma_sm90's backward supports head_dim " + BackwardHeadDims::text() + "; got " +
            std::to_string(params.head_dim) + " (fa2_mma_sm80 has a backward for it)";
@@ -241,14 +291,20 @@ TileShape tile_shape(const AttentionParams& params) {
   FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
     using Tr = typename DefaultTraits<kHeadDim>::type;
     shape = {Tr::kBlockM, Tr::kBlockN};
+    if constexpr (fa3_wgmma_sm90::Fp8HeadDims::contains(kHeadDim)) {
+      using Fp8 = typename fa3_wgmma_sm90::Fp8Traits<kHeadDim>::type;
+      if (params.dtype == DataType::e4m3) shape = {Fp8::kBlockM, Fp8::kBlockN};
+    }
   });
   return shape;
 }
 
 void launch(const AttentionParams& params) {
   // unsupported_reason rejects other head dims before a launch.
-  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim,
-                           [&] { fa3_wgmma_sm90::launch<typename DefaultTraits<kHeadDim>::type>(params); });
+  FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
+    if (params.dtype == DataType::e4m3) fa3_wgmma_sm90::launch_fp8_at<kHeadDim>(params);
+    else fa3_wgmma_sm90::launch<typename DefaultTraits<kHeadDim>::type>(params);
+  });
 }
 
 }  // namespace
@@ -263,6 +319,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
       ", deterministic mode); sm_90a only";
   variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = true;
+  variant.supports_e4m3 = true;
   // Score modifications: the kModified instantiations (common/score_modification.h).
   variant.forward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};
   variant.backward_score_modifications = {.softcap = true, .alibi = true, .sinks = true};

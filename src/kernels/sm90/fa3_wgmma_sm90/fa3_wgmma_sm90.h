@@ -30,18 +30,22 @@ using HeadDims = HeadDimList<64, 128, 256>;
 // the generated backward file of another forward head dim instantiates nothing.
 using BackwardHeadDims = HeadDimList<64, 128>;
 
-template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2>
+// ElementBytes: 2 for fp16 / bf16, 1 for e4m3 (FP8: the V tile is V^T, keys
+// contiguous, one 128-byte panel of BlockN = 128 keys).
+template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
+  static constexpr int kElementBytes = ElementBytes;
   static constexpr int kConsumers = Consumers;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * Consumers;
   static constexpr int kBlockN = BlockN;
   static constexpr int kStages = Stages;
   static constexpr bool kPingpong = Pingpong;  // consumers take turns issuing GEMMs
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
-  static constexpr int kQTileBytes = kBlockM * HeadDim * 2;
-  static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
+  static constexpr int kPanelElements = 128 / ElementBytes;    // elements of a 128-byte panel row
+  static constexpr int kPanels = HeadDim / kPanelElements;    // column panels of Q and K
+  static constexpr int kQTileBytes = kBlockM * HeadDim * ElementBytes;
+  static constexpr int kKVTileBytes = kBlockN * HeadDim * ElementBytes;
   // setmaxnreg moves registers within the CTA's launch allocation (65536 /
   // threads, in steps of 8): what the producer gives up, the consumers share.
   // Asking for more than that makes setmaxnreg.inc wait forever.
@@ -81,8 +85,9 @@ struct Traits {
       kQBuffers * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
   static_assert(kSmemBytes <= kMaxSmemBytes, "tiles exceed the shared memory of a block");
 
-  static_assert(HeadDim % 64 == 0, "head_dim must be whole 128-byte panels");
+  static_assert(HeadDim % kPanelElements == 0, "head_dim must be whole 128-byte panels");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");
+  static_assert(ElementBytes == 2 || BlockN == kPanelElements, "an FP8 V^T tile is one panel of keys");
 };
 
 template <int HeadDim> struct DefaultTraits;
@@ -94,6 +99,33 @@ template <int HeadDim>
 struct DefaultTraits {
   using type = Traits<HeadDim, (HeadDim <= 128 ? 128 : 80), 2, true, (HeadDim <= 64 ? 3 : 2)>;
 };
+
+// The FP8 (e4m3) tiling: 128 x 128 (k32 wgmma steps; V^T tiles of 128 keys,
+// one 128-byte row per head-dim row). Head dims whose rows are whole 128-byte
+// panels in e4m3: 128 and 256.
+using Fp8HeadDims = HeadDimList<128, 256>;
+template <int HeadDim>
+struct Fp8Traits {
+  using type = Traits<HeadDim, 128, 2, true, 2, 1>;
+};
+
+// V^T for the FP8 forward (8-bit wgmma takes B K-major only): the kernel's V
+// operand, (batch, kv_heads, head_dim, keys) with each row of keys padded to
+// fp8_vt_keys (a multiple of 16: TMA strides) and zero past seqlen_k. Within each
+// 16 keys, position 4t + b holds key 8 (b / 2) + 2t + b % 2: the keys a thread t of
+// a quad holds in S's accumulator fragment (columns 2t, 2t + 1, 8 + 2t, 9 + 2t)
+// are then the k32 A fragment's bytes 4t .. 4t + 3 (wgmma_fragment.h,
+// accumulator_to_fp8_a_fragments), so P goes into the P V wgmma with no shuffle.
+FLASHLAB_HOST_DEVICE constexpr int fp8_vt_key_of_position(int position) {
+  const int t = (position % 16) / 4, b = position % 4;
+  return position / 16 * 16 + 8 * (b / 2) + 2 * t + b % 2;
+}
+FLASHLAB_HOST_DEVICE constexpr int64_t fp8_vt_keys(int seqlen_k) { return (seqlen_k + 15) / 16 * 16; }
+inline int64_t fp8_vt_bytes(const AttentionParams& p) {
+  return static_cast<int64_t>(p.batch) * p.kv_heads * p.head_dim * fp8_vt_keys(p.seqlen_k);
+}
+// Where V^T starts in the FP8 forward's workspace (after the tile counter).
+inline constexpr size_t kFp8VtOffset = 256;
 
 // ---------------------------------------------------------------------------
 // The backward's tiling (fa3_wgmma_sm90_bwd_kernel.cuh; the algorithm is
@@ -190,6 +222,9 @@ struct TensorOperand {
 enum class Operand { q, k, v };
 TensorOperand tensor_operand(const AttentionParams& params, Operand operand);
 CUtensorMap make_tensor_map(const AttentionParams& params, const TensorOperand& operand, int box_rows);
+// The FP8 forward's V^T (fp8_vt_key_of_position's layout at `vt`): box of 128
+// keys x head_dim rows, 128-byte swizzle.
+CUtensorMap make_vt_tensor_map(const AttentionParams& params, const void* vt);
 inline CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows) {
   return make_tensor_map(params, tensor_operand(params, operand), box_rows);
 }
@@ -214,6 +249,10 @@ using ::flashlab::WorkTile;
 // and explicitly instantiated per head dim (the generated files).
 template <class Tr>
 void launch(const AttentionParams& params);
+// The e4m3 forward of head dim HeadDim (Fp8Traits; nothing outside Fp8HeadDims),
+// instantiated per entry of HeadDims in the generated fa3_wgmma_sm90_fp8_hdim<D>.cu.
+template <int HeadDim>
+void launch_fp8_at(const AttentionParams& params);
 
 // The backward (fa3_wgmma_sm90_bwd_kernel.cuh): its support check, its
 // workspace (fa2_mma_sm80's BackwardWorkspace at its tiles), its tiles and the

@@ -56,6 +56,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -241,7 +242,7 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
 #pragma unroll 1  // the producer has 24 registers
     for (int panel = 0; panel < Tr::kPanels; ++panel)
       sm90::tma_load_4d(smem.q_smem + q_buffer * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
-                        &smem.q_full[q_buffer], panel * 64, view.q_row0 + q0, work.head,
+                        &smem.q_full[q_buffer], panel * Tr::kPanelElements, view.q_row0 + q0, work.head,
                         batch_coordinate);
 
     for (int tile = tiles.last; tile >= tiles.first; --tile, ++kv_iteration) {
@@ -253,13 +254,19 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
 #pragma unroll 1  // the producer has 24 registers
       for (int panel = 0; panel < Tr::kPanels; ++panel)
         sm90::tma_load_4d(smem.k_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.k_map,
-                          &smem.k_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
+                          &smem.k_full[stage], panel * Tr::kPanelElements, key_row, kv_head, batch_coordinate);
       sm90::mbarrier_wait(&smem.v_empty[stage], phase ^ 1);
       sm90::mbarrier_arrive_expect_tx(&smem.v_full[stage], Tr::kKVTileBytes);
+      if constexpr (Tr::kElementBytes == 1) {
+        // V^T (fp8_vt_key_of_position's layout): head_dim rows of kBN keys, one box.
+        sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes, &args.v_map, &smem.v_full[stage], tile * kBN, 0,
+                          kv_head, work.batch);
+      } else {
 #pragma unroll 1  // the producer has 24 registers
-      for (int panel = 0; panel < Tr::kPanels; ++panel)
-        sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.v_map,
-                          &smem.v_full[stage], panel * 64, key_row, kv_head, batch_coordinate);
+        for (int panel = 0; panel < Tr::kPanels; ++panel)
+          sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.v_map,
+                            &smem.v_full[stage], panel * Tr::kPanelElements, key_row, kv_head, batch_coordinate);
+      }
     }
   }
 }
@@ -331,8 +338,8 @@ template <class Tr, typename Element>
 __device__ __forceinline__ void issue_scores(float (&acc_s)[Tr::kBlockN / 2], uint32_t q_rows, uint32_t k_tile) {
   sm90::wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < Tr::kHeadDim / 16; ++ks) {
-    const uint32_t column_bytes = (ks % 4) * 32;  // k16 step within a 128-byte row
+  for (int ks = 0; ks < Tr::kHeadDim * Tr::kElementBytes / 32; ++ks) {
+    const uint32_t column_bytes = (ks % 4) * 32;  // a wgmma's K (32 bytes) within a 128-byte row
     const uint64_t desc_q =
         sm90::make_smem_descriptor_sw128(q_rows + (ks / 4) * Tr::kBlockM * 128 + column_bytes, 16, 1024);
     const uint64_t desc_k =
@@ -342,50 +349,89 @@ __device__ __forceinline__ void issue_scores(float (&acc_s)[Tr::kBlockN / 2], ui
   sm90::wgmma_commit();
 }
 // O += P V: P from registers (A fragments), V (keys x head_dim, head_dim
-// contiguous) MN-major.
+// contiguous) MN-major; e4m3: V^T (head_dim rows of keys) K-major, like K.
 template <class Tr, typename Element>
-__device__ __forceinline__ void issue_probabilities_times_values(float (&acc_o)[Tr::kHeadDim / 2],
-                                                                 const uint32_t (&p_frag)[Tr::kBlockN / 16][4],
-                                                                 uint32_t v_tile) {
+__device__ __forceinline__ void issue_probabilities_times_values(
+    float (&acc_o)[Tr::kHeadDim / 2], const uint32_t (&p_frag)[Tr::kBlockN / sm90::kWgmmaK<Element>][4],
+    uint32_t v_tile) {
   sm90::wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
-    const uint64_t desc_v = sm90::make_smem_descriptor_sw128(v_tile + kk * 16 * 128, Tr::kBlockN * 128, 1024);
+  for (int kk = 0; kk < Tr::kBlockN / sm90::kWgmmaK<Element>; ++kk) {
+    const uint64_t desc_v = Tr::kElementBytes == 1
+                                ? sm90::make_smem_descriptor_sw128(v_tile + kk * 32, 16, 1024)
+                                : sm90::make_smem_descriptor_sw128(v_tile + kk * 16 * 128, Tr::kBlockN * 128, 1024);
     sm90::wgmma_rs<Tr::kHeadDim, Element>(acc_o, p_frag[kk], desc_v, 1);
   }
   sm90::wgmma_commit();
 }
 
+// FP8: the (batch, kv head)'s descale factors (1 where none is given).
+struct Fp8Scales {
+  float qk = 1.f;  // q_descale * k_descale: multiplies the raw scores
+  float v = 1.f;   // v_descale: multiplies O
+};
+__device__ __forceinline__ Fp8Scales fp8_scales(const AttentionParams& p, int batch, int head) {
+  const int64_t at = batch * p.descale_batch_stride + head / (p.heads / p.kv_heads);
+  Fp8Scales s;
+  if (p.q_descale != nullptr) s.qk = p.q_descale[at];
+  if (p.k_descale != nullptr) s.qk *= p.k_descale[at];
+  if (p.v_descale != nullptr) s.v = p.v_descale[at];
+  return s;
+}
+// FP8 P is exp2(... + kFp8PExponent): up to 256 (e4m3's largest is 448), so the
+// small probabilities keep e4m3's normal range; l counts the same factor, and
+// O / l cancels it. Only the LSE takes it out again.
+inline constexpr float kFp8PExponent = 8.f;
+
 // ---------------------------------------------------------------------------
 // The epilogue: normalize a consumer thread's two rows of tile `t` (row
 // first_row and first_row + 8 of the block; their state in acc_o, row_max,
 // row_sum) and write O (4-byte stores) and LSE, rows < seqlen_q only.
+// e4m3 (Element one byte): the output is p.output_dtype's, the scores' scale
+// and O's carry the descales (fp8), P's factor 2^kFp8PExponent leaves the LSE.
 template <class Tr, typename Element, class Modifier>
 __device__ __forceinline__ void store_output_rows(const AttentionParams& p, const Tile& t, int first_row,
                                                   int thread_in_group, float scale_log2,
                                                   const float (&acc_o)[Tr::kHeadDim / 2], const float (&row_max)[2],
-                                                  const float (&row_sum)[2], const Modifier& modifier) {
+                                                  const float (&row_sum)[2], const Modifier& modifier,
+                                                  const Fp8Scales& fp8 = {}) {
+  constexpr bool kFp8 = sizeof(Element) == 1;
   const auto exp2 = [](float x) { return fast_exp2(x); };
-  Element* o_ptr = static_cast<Element*>(p.out) + t.view.out_offset + static_cast<int64_t>(t.work.head) * p.out_head_stride;
+  const int64_t head_offset = t.view.out_offset + static_cast<int64_t>(t.work.head) * p.out_head_stride;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float sum = row_sum[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (!modifier.max_is_sink(row_max[h])) sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
+    if constexpr (!kFp8) {
+      if (!modifier.max_is_sink(row_max[h])) sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
+    }
     modifier.add_sink_term(sum, row_max[h], scale_log2, exp2);
-    const SoftmaxResult result = online_softmax_finish(row_max[h], sum, p.softmax_scale);
+    SoftmaxResult result = online_softmax_finish(row_max[h], sum, kFp8 ? p.softmax_scale * fp8.qk : p.softmax_scale);
+    if constexpr (kFp8) {
+      result.inverse_sum *= fp8.v;
+      result.lse -= kFp8PExponent * 0.6931471805599453f;  // ln 2
+    }
     const float inv_sum = result.inverse_sum;
     const int row = t.q0 + first_row + h * 8;
     if (row < t.view.seqlen_q) {
       if (p.lse != nullptr && thread_in_group == 0)
         p.lse[t.work.batch * p.lse_batch_stride + t.work.head * p.lse_head_stride + t.view.lse_row0 + row] =
             result.lse;
-      Element* o_row = o_ptr + static_cast<int64_t>(row) * p.out_row_stride;
+      const auto store = [&](auto* out) {
+        using Out = std::remove_pointer_t<decltype(out)>;
+        Out* o_row = out + head_offset + static_cast<int64_t>(row) * p.out_row_stride;
 #pragma unroll
-      for (int n = 0; n < Tr::kHeadDim / 8; ++n)
-        *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
-            pack2<Element>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
+        for (int n = 0; n < Tr::kHeadDim / 8; ++n)
+          *reinterpret_cast<uint32_t*>(o_row + n * 8 + thread_in_group * 2) =
+              pack2<Out>(acc_o[n * 4 + h * 2] * inv_sum, acc_o[n * 4 + h * 2 + 1] * inv_sum);
+      };
+      if constexpr (kFp8) {
+        if (p.output_dtype == DataType::bfloat16) store(static_cast<__nv_bfloat16*>(p.out));
+        else store(static_cast<__half*>(p.out));
+      } else {
+        store(static_cast<Element*>(p.out));
+      }
     }
   }
 }
@@ -421,7 +467,9 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   const uint32_t q_address = sm90::smem_address(q_smem);
   const uint32_t k_address = sm90::smem_address(k_smem);
   const uint32_t v_address = sm90::smem_address(v_smem);
-  const float scale_log2 = p.softmax_scale * kLog2e;
+  constexpr bool kFp8 = sizeof(Element) == 1;
+  float scale_log2 = p.softmax_scale * kLog2e;  // FP8: times the tile's descales (first_softmax)
+  Fp8Scales fp8{};
   const auto exp2 = [](float x) { return fast_exp2(x); };
 
   // Consumer 0 takes the first GEMM turn; every turn after is passed on in a ring.
@@ -438,7 +486,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   float acc_o[kD / 2];
   float row_max[2], row_sum[2];
   float acc_s[kBN / 2];
-  uint32_t p_frag[kBN / 16][4];
+  uint32_t p_frag[kBN / sm90::kWgmmaK<Element>][4];
   float correction[2];
   constexpr bool kModified = kModifier != ModifierKind::none;
   KindModifier<kModifier, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
@@ -489,6 +537,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       float offset;
       correction[h] = online_softmax_rescale(row_max[h], tile_max, scale_log2, offset, exp2);
+      if constexpr (kFp8) offset -= kFp8PExponent;
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < kBN / 8; ++n)
@@ -522,7 +571,10 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
       }
   };
   // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
-  auto convert_p = [&] { sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag); };
+  auto convert_p = [&] {
+    if constexpr (kFp8) sm90::accumulator_to_fp8_a_fragments(acc_s, p_frag);
+    else sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
+  };
   // Pingpong: the two consumers take turns to issue their GEMMs (named
   // barriers 1 and 2), so one's softmax runs under the other's matmuls.
   auto wait_turn = [&] {
@@ -555,6 +607,10 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     sm90::fence_registers(acc_s);
     release(&k_empty[stage]);
     if (cur.tiles.first == cur.tiles.last) release(&q_empty[cur.q_buffer]);
+    if constexpr (kFp8) {
+      fp8 = fp8_scales(p, cur.work.batch, cur.work.head);
+      scale_log2 = p.softmax_scale * fp8.qk * kLog2e;
+    }
     if constexpr (kModified) {
       modifier = kind_modifier<kModifier, true>(p, cur.work.batch, cur.work.head, cur.view.seqlen_q, cur.view.seqlen_k);
       row_max[0] = row_max[1] = modifier.initial_row_max();
@@ -570,7 +626,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
       }
     }
     store_output_rows<Tr, Element>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max, row_sum,
-                                   modifier);
+                                   modifier, fp8);
   };
 
   bool started = false;  // cur's first S and softmax done (by the previous tile's tail)
@@ -707,8 +763,33 @@ auto dynamic_kernel() {
   else return fa3_forward_kernel<Tr, Element, false, false, kModifier>;
 }
 
+// FP8: V (batch, seqlen_k, kv_heads, head_dim) e4m3 into V^T (batch, kv_heads,
+// head_dim, fp8_vt_keys) in fp8_vt_key_of_position's order, zero past
+// seqlen_k; 64 keys x 64 head-dim columns a block through shared memory.
+// (A template of the tiling, so only the FP8 instantiation files emit it.)
+template <class Tr>
+__global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const AttentionParams p, uint8_t* vt,
+                                                              int64_t vt_keys) {
+  __shared__ uint8_t tile[64][64 + 4];
+  const int key0 = blockIdx.x * 64, column0 = blockIdx.y * 64;
+  const int batch = blockIdx.z / p.kv_heads, head = blockIdx.z % p.kv_heads;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int key = key0 + i / 64, column = column0 + i % 64;
+    tile[i / 64][i % 64] = key < p.seqlen_k && column < p.head_dim ? v[key * p.v_row_stride + column] : 0;
+  }
+  __syncthreads();
+  uint8_t* out = vt + (static_cast<int64_t>(batch) * p.kv_heads + head) * p.head_dim * vt_keys;
+  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
+    const int column = column0 + i / 64, position = key0 + i % 64;
+    if (column < p.head_dim && position < vt_keys)
+      out[column * vt_keys + position] = tile[fp8_vt_key_of_position(i % 64)][i / 64];
+  }
+}
+
 template <class Tr, typename Element>
 void launch_forward(const AttentionParams& params) {
+  constexpr bool kFp8 = sizeof(Element) == 1;
   // The traced build keeps the static order, so a traced or cuda-gdb run finds
   // a tile on the CTA that locate() names.
   const DeviceLimits device = device_limits();
@@ -720,18 +801,36 @@ void launch_forward(const AttentionParams& params) {
   // schedule; no trace (the mode refuses one).
   constexpr auto kSinks = ModifierKind::sinks, kAll = ModifierKind::all;
   const ModifierKind kind = modifier_kind(params.modification);
-  auto kernel = params.trace.enabled()      ? fa3_forward_kernel<Tr, Element, true>
-                : kind == kAll              ? (dynamic ? dynamic_kernel<Tr, Element, kAll>()
-                                                       : fa3_forward_kernel<Tr, Element, false, false, kAll>)
-                : kind == kSinks            ? (dynamic ? dynamic_kernel<Tr, Element, kSinks>()
-                                                       : fa3_forward_kernel<Tr, Element, false, false, kSinks>)
-                : dynamic                   ? dynamic_kernel<Tr, Element>()
-                                            : fa3_forward_kernel<Tr, Element, false>;
+  const auto choose_kernel = [&] {
+    if constexpr (kFp8) {  // unsupported_reason: no trace, no modifications
+      return dynamic ? dynamic_kernel<Tr, Element>() : fa3_forward_kernel<Tr, Element, false>;
+    } else {
+      return params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
+             : kind == kAll         ? (dynamic ? dynamic_kernel<Tr, Element, kAll>()
+                                               : fa3_forward_kernel<Tr, Element, false, false, kAll>)
+             : kind == kSinks       ? (dynamic ? dynamic_kernel<Tr, Element, kSinks>()
+                                               : fa3_forward_kernel<Tr, Element, false, false, kSinks>)
+             : dynamic              ? dynamic_kernel<Tr, Element>()
+                                    : fa3_forward_kernel<Tr, Element, false>;
+    }
+  };
+  auto kernel = choose_kernel();
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   KernelArguments args;
   args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM);
   args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
-  args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
+  if constexpr (kFp8) {
+    uint8_t* vt = static_cast<uint8_t*>(params.workspace) + kFp8VtOffset;
+    const int64_t vt_keys = fp8_vt_keys(params.seqlen_k);
+    const dim3 transpose_grid(static_cast<unsigned>((vt_keys + 63) / 64), (params.head_dim + 63) / 64,
+                              params.batch * params.kv_heads);
+    fp8_transpose_v_kernel<Tr><<<transpose_grid, 256, 0, static_cast<cudaStream_t>(params.stream)>>>(params, vt,
+                                                                                                 vt_keys);
+    FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 (FP8 V transpose)", params);
+    args.v_map = make_vt_tensor_map(params, vt);
+  } else {
+    args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
+  }
   args.params = params;
   args.num_q_blocks = plan.num_q_blocks;
   args.num_work_tiles = plan.num_work_tiles;
@@ -750,6 +849,11 @@ void launch_forward(const AttentionParams& params) {
 template <class Tr>
 void launch(const AttentionParams& params) {
   FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] { launch_forward<Tr, Element>(params); });
+}
+
+template <int HeadDim>
+void launch_fp8_at(const AttentionParams& params) {
+  if constexpr (Fp8HeadDims::contains(HeadDim)) launch_forward<typename Fp8Traits<HeadDim>::type, __nv_fp8_e4m3>(params);
 }
 
 }  // namespace flashlab::fa3_wgmma_sm90

@@ -1,0 +1,98 @@
+"""The FP8 (e4m3) forward (issue 36) through flash_attn_func: q, k, v quantized with one
+descale factor per (batch, kv head), against float64 attention of the dequantized values.
+The pass rule is the 16-bit suites' with the FP8 path's own arithmetic as the "same
+precision" path: max error <= 2 x that of fp8_emulated_attention (P rounded to e4m3 as the
+kernel rounds it, output rounded to the output dtype) + the output dtype's rounding; the
+LSE as the 16-bit suites check it (twice float32's error on the same dequantized inputs plus the
+output dtype's rounding). Odd sizes, GQA/MQA, masks,
+inputs with outlier channels; then every refusal's message."""
+import pytest
+import torch
+
+from flashlab import flash_attn_func
+from attention_reference import (
+    E4M3,
+    assert_close_to_reference,
+    attention_ref,
+    dequantize_e4m3,
+    fp8_emulated_attention,
+    quantize_e4m3,
+)
+from conftest import requires_cuda
+
+DEVICE = "cuda"
+requires_sm90 = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="the FP8 forward is fa3_wgmma_sm90's, on compute capability 9.0 (sm_90a) only")
+pytestmark = [pytest.mark.gpu, requires_cuda, requires_sm90]
+
+
+def fp8_problem(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, outliers, seed):
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    q, k, v = (torch.randn(batch, s, h, head_dim, device=DEVICE, generator=generator)
+               for s, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads)))
+    if outliers:  # the same few channels 20x larger, as activations' outlier features are
+        for x in (q, k, v):
+            x[..., 3:7] *= 20.0
+    return [quantize_e4m3(x, kv_heads) for x in (q, k, v)]
+
+
+# (head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window, outliers, out_dtype)
+CASES = [
+    (128, 2, 1023, 1023, 8, 2, False, (-1, -1), False, torch.bfloat16),
+    (128, 1, 113, 4097, 4, 1, True, (-1, -1), False, torch.bfloat16),
+    (128, 2, 777, 1500, 6, 2, False, (100, 50), True, torch.float16),
+    (128, 3, 1, 7, 2, 2, False, (-1, -1), False, torch.bfloat16),
+    (256, 2, 1024, 1023, 4, 4, True, (-1, -1), False, torch.bfloat16),
+    (256, 1, 7, 700, 2, 1, False, (-1, -1), True, torch.bfloat16),
+    (256, 1, 4097, 4097, 2, 2, True, (-1, -1), False, torch.float16),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: (
+    f"d{c[0]}-b{c[1]}-{c[2]}x{c[3]}-h{c[4]}/{c[5]}-{'causal' if c[6] else 'full'}"
+    f"{'-window' if c[7] != (-1, -1) else ''}{'-outliers' if c[8] else ''}-{str(c[9])[6:]}"))
+def test_fp8_forward_matches_dequantized_reference(case):
+    head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window, outliers, out_dtype = case
+    (q8, qd), (k8, kd), (v8, vd) = fp8_problem(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, outliers,
+                                               seed=seqlen_q * 31 + seqlen_k)
+    out, lse, _ = flash_attn_func(q8, k8, v8, causal=causal, window_size=window, return_attn_probs=True,
+                                  q_descale=qd, k_descale=kd, v_descale=vd,
+                                  out_dtype=None if out_dtype == torch.bfloat16 else out_dtype)
+    assert out.dtype == out_dtype and out.shape == (batch, seqlen_q, heads, head_dim)
+    assert not out.isnan().any() and not out.isinf().any()
+    q, k, v = (dequantize_e4m3(x, d) for x, d in ((q8, qd), (k8, kd), (v8, vd)))
+    out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window=window)
+    out_fp8_path = fp8_emulated_attention(q, k, v, causal=causal, window=window).to(out_dtype)
+    assert_close_to_reference("out", out, out_ref, out_fp8_path, 2, out_dtype)
+    # The LSE as the 16-bit suites check it: twice float32's error plus the output dtype's rounding.
+    _, lse_float32 = attention_ref(*(x.float() for x in (q, k, v)), causal=causal, window=window)
+    assert_close_to_reference("lse", lse, lse_ref, lse_float32, 2, out_dtype)
+
+
+def test_fp8_descale_defaults_to_one():
+    (q8, _), (k8, _), (v8, _) = fp8_problem(1, 200, 300, 4, 2, 128, False, seed=1)
+    ones = torch.ones(1, 2, device=DEVICE)
+    out_default = flash_attn_func(q8, k8, v8)
+    out_ones = flash_attn_func(q8, k8, v8, q_descale=ones, k_descale=ones, v_descale=ones)
+    assert torch.equal(out_default, out_ones)
+
+
+def test_fp8_refusals_say_what_was_given_and_what_is_expected():
+    (q8, qd), (k8, kd), (v8, vd) = fp8_problem(2, 64, 64, 4, 2, 128, False, seed=2)
+    with pytest.raises(RuntimeError, match=r"q_descale must be float32 of shape \(batch, kv_heads\) = \(2, 2\)"):
+        flash_attn_func(q8, k8, v8, q_descale=qd[:, :1])
+    with pytest.raises(RuntimeError, match="fa2_mma_sm80 .*e4m3"):
+        flash_attn_func(q8, k8, v8, kernel="fa2_mma_sm80")
+    d64 = [x[..., :64].contiguous() for x in (q8, k8, v8)]
+    with pytest.raises(RuntimeError, match="e4m3 .* at head_dim 128, 256 .*; got 64"):
+        flash_attn_func(*d64)
+    with pytest.raises(NotImplementedError, match="applies no softcap"):
+        flash_attn_func(q8, k8, v8, softcap=5.0)
+    with pytest.raises(ValueError, match="are for torch.float8_e4m3fn q, k, v; got torch.bfloat16"):
+        flash_attn_func(*(x.to(torch.bfloat16) for x in (q8, k8, v8)), q_descale=qd)
+    with pytest.raises(RuntimeError, match="output_dtype of an e4m3 forward must be BFloat16 or Half"):
+        flash_attn_func(q8, k8, v8, out_dtype=torch.float32)
+    out, lse = torch.ops.flashlab.fwd_fp8(q8, k8, v8)
+    with pytest.raises(RuntimeError, match="backward takes no e4m3 \\(FP8\\) inputs"):
+        torch.ops.flashlab.bwd(out.to(E4M3), q8, k8, v8, out.to(E4M3), lse)

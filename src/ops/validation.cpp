@@ -189,8 +189,11 @@ void check_output_buffers(const at::Tensor& q, const at::Tensor& out, const at::
                           std::optional<at::ScalarType> out_type) {
   TORCH_CHECK(out.defined() && lse.defined(), "out and lse must be defined tensors");
   const at::ScalarType expected = out_type.value_or(q.scalar_type());
-  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == expected,
-              "out must have q's shape and dtype ", expected, "; got out ", shape_text(out), " ",
+  const std::string what = expected == q.scalar_type()
+                               ? std::string("out must match q in shape and dtype")
+                               : std::string("out must have q's shape and dtype ") + c10::toString(expected) +
+                                     " (the e4m3 forward's output)";
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == expected, what, "; got out ", shape_text(out), " ",
               out.scalar_type(), ", q ", shape_text(q), " ", q.scalar_type());
   TORCH_CHECK(out.stride(-1) == 1, "out must have a contiguous last dimension; got strides ",
               out.strides());

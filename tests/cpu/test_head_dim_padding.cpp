@@ -141,7 +141,7 @@ TEST(HeadDimPadding, Float32RunsFa1ScalarUnpadded) {
   const Problem too_wide(160, at::kFloat);
   expect_rejected(
       [&] { select_kernel(too_wide.forward(90), "auto", HeadDimPadding::allowed); },
-      {"no registered kernel can run", "head_dim 160", "fa3_wgmma_sm90 supports float16 and bfloat16",
+      {"no registered kernel can run", "head_dim 160", "fa3_wgmma_sm90 supports float16, bfloat16 and e4m3",
        "fa2_mma_sm80 supports float16 and bfloat16", "fa1_scalar supports head_dim 1 to 128, got 160"});
 }
 

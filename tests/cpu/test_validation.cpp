@@ -99,7 +99,7 @@ TEST(Validation, RankMustBeFour) {
 TEST(Validation, UnsupportedDtype) {
   Inputs inputs;
   inputs.k = cpu_tensor({2, 32, 2, 64}, at::kDouble);
-  expect_rejected([&] { inputs.run(); }, {"k has dtype Double", "Float, Half and BFloat16"});
+  expect_rejected([&] { inputs.run(); }, {"k has dtype Double", "Float, Half, BFloat16 and Float8_e4m3fn"});
 }
 
 TEST(Validation, MixedDtypes) {

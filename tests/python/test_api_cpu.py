@@ -81,12 +81,13 @@ def test_the_registry_lists_the_kernels_with_their_passes():
 
 SCHEMAS = {
     "fwd": "flashlab::fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-           "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
-           "-> (Tensor out, Tensor lse)",
+           "int window_left=-1, int window_right=-1, bool deterministic=False, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None, "
+           "int sm_margin=0) -> (Tensor out, Tensor lse)",
     "varlen_fwd": "flashlab::varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
                   "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale=None, "
                   "bool causal=False, int window_left=-1, int window_right=-1, bool deterministic=False, "
-                  "str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)",
+                  "str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None, int sm_margin=0) "
+                  "-> (Tensor out, Tensor lse)",
     "bwd": "flashlab::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
            "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
            "bool deterministic=False, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
@@ -101,6 +102,9 @@ SCHEMAS = {
                    "Tensor? block_table=None, float? softmax_scale=None, bool causal=False, "
                    "int window_left=-1, int window_right=-1, int num_splits=0, str kernel_name=\"auto\", float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) "
                    "-> (Tensor out, Tensor lse)",
+    "fwd_fp8": "flashlab::fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale=None, Tensor? k_descale=None, "
+               "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
+               "int window_right=-1, ScalarType? out_dtype=None, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
 }
 
 
@@ -115,7 +119,7 @@ def test_only_the_caches_are_mutated():
     schema = torch.ops.flashlab.fwd_kvcache.default._schema
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["k_cache", "v_cache"]
-    for name in ("fwd", "varlen_fwd", "bwd", "varlen_bwd"):
+    for name in ("fwd", "varlen_fwd", "bwd", "varlen_bwd", "fwd_fp8"):
         schema = getattr(torch.ops.flashlab, name).default._schema
         assert all(a.alias_info is None for a in schema.arguments), name
 
@@ -165,7 +169,8 @@ def test_flash_attn_signature(function):
                 for e in SIGNATURES[function]]
     assert [(p.name, p.default) for p in positional] == expected
     keyword_only = [(p.name, p.default) for p in parameters if p.kind is p.KEYWORD_ONLY]
-    assert keyword_only == [("kernel", "auto"), ("sinks", None)]
+    fp8 = [("q_descale", None), ("k_descale", None), ("v_descale", None), ("out_dtype", None)]  # FA3's FP8 forward
+    assert keyword_only == [("kernel", "auto"), ("sinks", None)] + (fp8 if function is flash_attn_func else [])
 
 
 # ---------------------------------------------------------------------------
@@ -331,6 +336,11 @@ def opcheck_cases():
                          meta(2, 1, 2, 64), meta(2, 1, 2, 64),
                          torch.zeros(2, dtype=torch.int32, device="meta"), None, None, True, -1,
                          -1, 0, "auto")),
+        # e4m3 (no autograd: a forward only), the descales (batch, kv_heads), a half output
+        "fwd_fp8": (torch.ops.flashlab.fwd_fp8.default,
+                    (*(torch.empty(2, 17, h, 128, device="meta", dtype=torch.float8_e4m3fn) for h in (4, 2, 2)),
+                     *(meta(2, 2, dtype=torch.float32) for _ in range(3)), None, True, -1, -1, torch.float16,
+                     "auto")),
     }
 
 

@@ -152,12 +152,14 @@ std::string fp8_unsupported_reason(const AttentionParams& params) {
     return std::string("fa3_wgmma_sm90's e4m3 (FP8) forward writes a bf16 or fp16 output; got ") +
            data_type_name(params.output_dtype);
   const bool batched = params.batch > 1;
+  // q and k for TMA, v for the transpose's 16-byte loads.
   const int64_t strides[] = {batched ? params.q_batch_stride : 0, params.q_row_stride, params.q_head_stride,
-                             batched ? params.k_batch_stride : 0, params.k_row_stride, params.k_head_stride};
+                             batched ? params.k_batch_stride : 0, params.k_row_stride, params.k_head_stride,
+                             batched ? params.v_batch_stride : 0, params.v_row_stride, params.v_head_stride};
   for (int64_t stride : strides)
     if (stride % 16 != 0)
-      return "fa3_wgmma_sm90 needs e4m3 q and k batch, row and head strides that are multiples of 16 elements "
-             "(TMA takes 16-byte strides); got a stride of " + std::to_string(stride);
+      return "fa3_wgmma_sm90 needs e4m3 q, k and v batch, row and head strides that are multiples of 16 elements "
+             "(16-byte strides: TMA, the V transpose); got a stride of " + std::to_string(stride);
   return {};
 }
 

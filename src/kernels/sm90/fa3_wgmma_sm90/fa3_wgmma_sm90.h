@@ -32,10 +32,15 @@ using BackwardHeadDims = HeadDimList<64, 128>;
 
 // ElementBytes: 2 for fp16 / bf16, 1 for e4m3 (FP8: the V tile is V^T, keys
 // contiguous, one 128-byte panel of BlockN = 128 keys).
-template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2>
+// FmaExpEvery (FP8 only; 0: off): in key tiles no mask cuts, every FmaExpEvery-th
+// accumulator column tile's exponentials run on the FMA pipe (exp2_on_fma_pipe)
+// instead of the MUFU unit, which the FP8 matmuls' doubled rate leaves the bottleneck.
+template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2,
+          int FmaExpEvery = 0>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kElementBytes = ElementBytes;
+  static constexpr int kFmaExpEvery = FmaExpEvery;
   static constexpr int kConsumers = Consumers;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * Consumers;
   static constexpr int kBlockN = BlockN;
@@ -50,7 +55,10 @@ struct Traits {
   // threads, in steps of 8): what the producer gives up, the consumers share.
   // Asking for more than that makes setmaxnreg.inc wait forever.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegisters = 24;
+  // The FP8 producer spilled 72 bytes at 24 at head_dim 128 (ptxas, sm_90a),
+  // none at 40; at 256 the consumers need every register of 240 (232: 228
+  // bytes of consumer spills), so its producer keeps 24 and spills 84-108 bytes.
+  static constexpr int kProducerRegisters = ElementBytes == 1 && HeadDim <= 128 ? 40 : 24;
   static constexpr int kConsumerRegisters =
       (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * Consumers) / 8 * 8;
   // Steady-state steps with the mask decided at compile time (masked and
@@ -104,9 +112,9 @@ struct DefaultTraits {
 // one 128-byte row per head-dim row). Head dims whose rows are whole 128-byte
 // panels in e4m3: 128 and 256.
 using Fp8HeadDims = HeadDimList<128, 256>;
-template <int HeadDim>
+template <int HeadDim, int FmaExpEvery = 0>
 struct Fp8Traits {
-  using type = Traits<HeadDim, 128, 2, true, 2, 1>;
+  using type = Traits<HeadDim, 128, 2, true, 2, 1, FmaExpEvery>;
 };
 
 // V^T for the FP8 forward (8-bit wgmma takes B K-major only): the kernel's V

@@ -61,6 +61,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>  // getenv (the FP8 exp A/B)
 #include <type_traits>
 
 #include "common/online_softmax.h"
@@ -544,6 +545,13 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& value = acc_s[n * 4 + h * 2 + e];
+          if constexpr (Tr::kFmaExpEvery > 0) {
+            if (!needs_mask && n % Tr::kFmaExpEvery == Tr::kFmaExpEvery - 1) {  // finite scores only
+              value = sm80::exp2_on_fma_pipe(fmaf(value, scale_log2, -offset));
+              sum += value;
+              continue;
+            }
+          }
           value = softmax_probability(value, scale_log2, offset, exp2);
           sum += value;
         }
@@ -765,26 +773,39 @@ auto dynamic_kernel() {
 
 // FP8: V (batch, seqlen_k, kv_heads, head_dim) e4m3 into V^T (batch, kv_heads,
 // head_dim, fp8_vt_keys) in fp8_vt_key_of_position's order, zero past
-// seqlen_k; 64 keys x 64 head-dim columns a block through shared memory.
-// (A template of the tiling, so only the FP8 instantiation files emit it.)
+// seqlen_k; a block moves 64 keys x 64 head-dim columns through shared memory,
+// 16 bytes a thread each way (rows and strides are multiples of 16 bytes:
+// unsupported_reason; head_dim a multiple of 64, fp8_vt_keys of 16). (A
+// template of the tiling, so only the FP8 instantiation files emit it.)
 template <class Tr>
 __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const AttentionParams p, uint8_t* vt,
                                                               int64_t vt_keys) {
-  __shared__ uint8_t tile[64][64 + 4];
+  __shared__ __align__(16) uint8_t tile[64][64 + 16];
   const int key0 = blockIdx.x * 64, column0 = blockIdx.y * 64;
   const int batch = blockIdx.z / p.kv_heads, head = blockIdx.z % p.kv_heads;
   const uint8_t* v = static_cast<const uint8_t*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
-    const int key = key0 + i / 64, column = column0 + i % 64;
-    tile[i / 64][i % 64] = key < p.seqlen_k && column < p.head_dim ? v[key * p.v_row_stride + column] : 0;
+  {
+    const int key = threadIdx.x / 4, piece = threadIdx.x % 4;  // 4 x 16 bytes: a key's 64 columns
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (key0 + key < p.seqlen_k)
+      value = *reinterpret_cast<const uint4*>(v + static_cast<int64_t>(key0 + key) * p.v_row_stride + column0 +
+                                              piece * 16);
+    *reinterpret_cast<uint4*>(&tile[key][piece * 16]) = value;
   }
   __syncthreads();
-  uint8_t* out = vt + (static_cast<int64_t>(batch) * p.kv_heads + head) * p.head_dim * vt_keys;
-  for (int i = threadIdx.x; i < 64 * 64; i += blockDim.x) {
-    const int column = column0 + i / 64, position = key0 + i % 64;
-    if (column < p.head_dim && position < vt_keys)
-      out[column * vt_keys + position] = tile[fp8_vt_key_of_position(i % 64)][i / 64];
+  const int column = threadIdx.x / 4, run = threadIdx.x % 4;  // 16 positions of one V^T row
+  if (key0 + run * 16 >= vt_keys) return;
+  uint32_t words[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      word |= static_cast<uint32_t>(tile[fp8_vt_key_of_position(run * 16 + w * 4 + b)][column]) << (8 * b);
+    words[w] = word;
   }
+  uint8_t* out = vt + ((static_cast<int64_t>(batch) * p.kv_heads + head) * p.head_dim + column0 + column) * vt_keys;
+  *reinterpret_cast<uint4*>(out + key0 + run * 16) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 template <class Tr, typename Element>
@@ -853,7 +874,16 @@ void launch(const AttentionParams& params) {
 
 template <int HeadDim>
 void launch_fp8_at(const AttentionParams& params) {
-  if constexpr (Fp8HeadDims::contains(HeadDim)) launch_forward<typename Fp8Traits<HeadDim>::type, __nv_fp8_e4m3>(params);
+  if constexpr (Fp8HeadDims::contains(HeadDim)) {
+    // EXPERIMENT (session 26): FLASHLAB_FP8_FMA_EXP=2|4 picks the FmaExpEvery build for an A/B.
+    static const int every = [] {
+      const char* text = std::getenv("FLASHLAB_FP8_FMA_EXP");
+      return text == nullptr ? 0 : std::atoi(text);
+    }();
+    if (every == 2) launch_forward<typename Fp8Traits<HeadDim, 2>::type, __nv_fp8_e4m3>(params);
+    else if (every == 4) launch_forward<typename Fp8Traits<HeadDim, 4>::type, __nv_fp8_e4m3>(params);
+    else launch_forward<typename Fp8Traits<HeadDim>::type, __nv_fp8_e4m3>(params);
+  }
 }
 
 }  // namespace flashlab::fa3_wgmma_sm90

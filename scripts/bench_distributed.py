@@ -169,9 +169,10 @@ def build_parser():
     parser.add_argument("--torch-cp-rotate", choices=("allgather", "alltoall"), default=None,
                         help="torch context parallel's K/V rotate method (set_rotate_method); default: torch's "
                              "own default (allgather), left untouched")
-    parser.add_argument("--ring-sm-margin", type=int, default=0, metavar="N",
+    parser.add_argument("--ring-sm-margin", type=int, default=None, metavar="N",
                         help="SMs the ring's forward blocks leave to NCCL's transfer kernels "
-                             "(ring_flash_attn_func's sm_margin; default 0)")
+                             "(ring_flash_attn_func's sm_margin; default: the ring's own, "
+                             "flashlab.distributed.DEFAULT_RING_SM_MARGIN with flashlab's block ops)")
     parser.add_argument("--seed", type=int, default=0, help="random inputs' seed (rank added)")
     parser.add_argument("--timeout-min", type=float, default=10.0,
                         help="process group timeout in minutes: a rank left waiting (e.g. after a lone "
@@ -616,7 +617,7 @@ def run(args, env):
     log(env, f"bench_distributed: world {env.world} ({header['local_world_size']} a node), {header['device_name']}, "
              f"torch {torch.__version__}, {header['backend']}; block ops {args.block_ops}; {args.dtype}, B={args.batch} "
              f"H={args.heads} KV={args.kv_heads} D={args.head_dim}; warmup {args.warmup}, iters {args.iters}; "
-             f"ring sm_margin {args.ring_sm_margin}")
+             f"ring sm_margin {'default' if args.ring_sm_margin is None else args.ring_sm_margin}")
     if torch_cp is not None:
         log(env, "torch context parallel: " + (f"unavailable: {torch_cp.missing}" if torch_cp.missing else
                                                f"rotate method {torch_cp.rotate_method()}"))

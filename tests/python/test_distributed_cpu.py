@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from flashlab import distributed
 from flashlab.distributed import (
     BlockOps,
     merge_partial,
@@ -137,6 +138,7 @@ def _sm_margin_worker(rank, world, init_file, results):
         q, k, v, _ = _problem(24, 2)
         local = [x.chunk(world, dim=1)[rank] for x in (q, k, v)]
         ring_flash_attn_func(*local, block_ops=ops, sm_margin=6)
+        ring_flash_attn_func(*local, block_ops=ops)  # the default: 0 for block ops other than flashlab's
         torch.save(margins, os.path.join(results, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -148,9 +150,10 @@ def test_sm_margin_reaches_the_forwards_beside_a_transfer():
         mp.spawn(_sm_margin_worker, args=(world, os.path.join(results, "init"), results), nprocs=world, join=True)
         margins = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
     # Steps 0 .. world - 2 send K/V on while they compute; the last one sends nothing.
-    assert all(m == [6] * (world - 1) + [0] for m in margins), margins
+    assert all(m == [6] * (world - 1) + [0] + [0] * world for m in margins), margins
+    assert distributed._sm_margin(None, distributed.flashlab_block_ops) == distributed.DEFAULT_RING_SM_MARGIN > 0
     q = torch.zeros(1, 4, 2, 8)
-    with pytest.raises(ValueError, match="sm_margin .* must be an int >= 0; got -1"):
+    with pytest.raises(ValueError, match="sm_margin .* must be an int >= 0 or None; got -1"):
         ring_flash_attn_func(q, q, q, sm_margin=-1)
 
 

@@ -145,17 +145,21 @@ def dequantize_e4m3(values, descale, dtype=torch.float64):
     return values.to(dtype) * descale.to(dtype).repeat_interleave(group, dim=1)[:, None, :, None]
 
 
-def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None):
+def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, products=None):
     """The FP8 forward's own arithmetic on dequantized q, k, v (float64): P = exp(s -
     max) x FP8_P_SCALE rounded to e4m3 for P V, the row sum from the unrounded P. Its
     error against attention_ref of the same inputs is what the format costs; the
-    kernel is held to twice it. Returns out (batch, seqlen_q, heads, d)."""
+    kernel is held to twice it. products: q k^T (batch, heads, seqlen_q, seqlen_k) as
+    computed elsewhere (the GPU tests: on the FP8 tensor cores, whose accumulator keeps
+    fewer bits than float32), else exact. Returns out (batch, seqlen_q, heads, d)."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
     k = k.repeat_interleave(heads // kv_heads, dim=2)
     v = v.repeat_interleave(heads // kv_heads, dim=2)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if products is None:
+        products = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    scores = products.to(q.dtype) * scale
     mask = visible(seqlen_q, seqlen_k, causal, window, q.device)
     scores = scores.masked_fill(~mask, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)

@@ -179,19 +179,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA pipe instead of the MUFU unit, for finite x (below -126 it
-// returns a tiny positive number, never 0: no masked score may come here):
-// x = n + f, n = round(x) by the 1.5 x 2^23 trick, f in [-0.5, 0.5], 2^f by a
-// degree-2 fit (relative error 1.7e-3), n added to the exponent bits. Enough
-// for probabilities that are then rounded to e4m3 (unit roundoff 2^-4).
-__device__ __forceinline__ float exp2_on_fma_pipe(float x) {
-  x = fmaxf(x, -126.f);
-  const float rounded = __fadd_rn(x, 12582912.f);
-  const float f = x - __fsub_rn(rounded, 12582912.f);
-  const float p = fmaf(fmaf(0.23842184f, f, 0.7034351f), f, 1.00044264f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(rounded) << 23));
-}
-
 // Two floats -> one register holding two 16-bit values (low = first).
 template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {

@@ -32,15 +32,10 @@ using BackwardHeadDims = HeadDimList<64, 128>;
 
 // ElementBytes: 2 for fp16 / bf16, 1 for e4m3 (FP8: the V tile is V^T, keys
 // contiguous, one 128-byte panel of BlockN = 128 keys).
-// FmaExpEvery (FP8 only; 0: off): in key tiles no mask cuts, every FmaExpEvery-th
-// accumulator column tile's exponentials run on the FMA pipe (exp2_on_fma_pipe)
-// instead of the MUFU unit, which the FP8 matmuls' doubled rate leaves the bottleneck.
-template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2,
-          int FmaExpEvery = 0>
+template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kElementBytes = ElementBytes;
-  static constexpr int kFmaExpEvery = FmaExpEvery;
   static constexpr int kConsumers = Consumers;  // consumer warpgroups, 64 query rows each
   static constexpr int kBlockM = 64 * Consumers;
   static constexpr int kBlockN = BlockN;
@@ -112,9 +107,9 @@ struct DefaultTraits {
 // one 128-byte row per head-dim row). Head dims whose rows are whole 128-byte
 // panels in e4m3: 128 and 256.
 using Fp8HeadDims = HeadDimList<128, 256>;
-template <int HeadDim, int FmaExpEvery = 0>
+template <int HeadDim>
 struct Fp8Traits {
-  using type = Traits<HeadDim, 128, 2, true, 2, 1, FmaExpEvery>;
+  using type = Traits<HeadDim, 128, 2, true, 2, 1>;
 };
 
 // V^T for the FP8 forward (8-bit wgmma takes B K-major only): the kernel's V

@@ -61,7 +61,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>  // getenv (the FP8 exp A/B)
 #include <type_traits>
 
 #include "common/online_softmax.h"
@@ -545,13 +544,6 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& value = acc_s[n * 4 + h * 2 + e];
-          if constexpr (Tr::kFmaExpEvery > 0) {
-            if (!needs_mask && n % Tr::kFmaExpEvery == Tr::kFmaExpEvery - 1) {  // finite scores only
-              value = sm80::exp2_on_fma_pipe(fmaf(value, scale_log2, -offset));
-              sum += value;
-              continue;
-            }
-          }
           value = softmax_probability(value, scale_log2, offset, exp2);
           sum += value;
         }
@@ -874,16 +866,7 @@ void launch(const AttentionParams& params) {
 
 template <int HeadDim>
 void launch_fp8_at(const AttentionParams& params) {
-  if constexpr (Fp8HeadDims::contains(HeadDim)) {
-    // EXPERIMENT (session 26): FLASHLAB_FP8_FMA_EXP=2|4 picks the FmaExpEvery build for an A/B.
-    static const int every = [] {
-      const char* text = std::getenv("FLASHLAB_FP8_FMA_EXP");
-      return text == nullptr ? 0 : std::atoi(text);
-    }();
-    if (every == 2) launch_forward<typename Fp8Traits<HeadDim, 2>::type, __nv_fp8_e4m3>(params);
-    else if (every == 4) launch_forward<typename Fp8Traits<HeadDim, 4>::type, __nv_fp8_e4m3>(params);
-    else launch_forward<typename Fp8Traits<HeadDim>::type, __nv_fp8_e4m3>(params);
-  }
+  if constexpr (Fp8HeadDims::contains(HeadDim)) launch_forward<typename Fp8Traits<HeadDim>::type, __nv_fp8_e4m3>(params);
 }
 
 }  // namespace flashlab::fa3_wgmma_sm90

@@ -66,7 +66,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
-    from flashlab import flash_attn_func
+    from flashlab import flash_attn_func, fp8
 
     bf16_rate, fp8_rate = matmul_rates(args)
     fp8_text = "-" if fp8_rate is None else "%.1f" % fp8_rate
@@ -82,16 +82,13 @@ def main():
             generator = torch.Generator(device="cuda").manual_seed(seqlen + head_dim)
             q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", generator=generator)
                        for _ in range(3))
-            descales, fp8 = [], []
-            for x in (q, k, v):
-                descale = x.abs().amax(dim=(1, 3)).clamp_min(1e-12) / 448.0  # (batch, heads): kv_heads = heads
-                fp8.append((x / descale[:, None, :, None]).to(E4M3))
-                descales.append(descale.contiguous())
+            quantized = [fp8.quantize(x) for x in (q, k, v)]  # kv_heads = heads
+            fp8_inputs, descales = [x for x, _ in quantized], [d for _, d in quantized]
             bf16 = [x.to(torch.bfloat16) for x in (q, k, v)]
             bhsd = [x.transpose(1, 2) for x in bf16]
             for causal in (False, True):
                 flops = 4 * batch * heads * seqlen ** 2 * head_dim / (2 if causal else 1)
-                fp8_ms = time_ms(lambda: flash_attn_func(*fp8, causal=causal, q_descale=descales[0],
+                fp8_ms = time_ms(lambda: flash_attn_func(*fp8_inputs, causal=causal, q_descale=descales[0],
                                                          k_descale=descales[1], v_descale=descales[2]),
                                  args.warmup, args.iters, args.repeats)
                 fa3_ms = time_ms(lambda: flash_attn_func(*bf16, causal=causal), args.warmup, args.iters,

@@ -29,7 +29,7 @@ to twice torch's same-precision error.
 With --kernel (an H100: flashlab's FP8 forward, fa3_wgmma_sm90) the table adds the kernel's own
 output for the same inputs and quantizations (bf16 out): "kernel e4m3 naive" (every descale 1),
 "kernel e4m3 per-tensor" (each tensor's one factor, passed as every (batch, kv head)'s),
-"kernel e4m3 descale" (FA3's per-(batch, kv head) factors) and "kernel + Hadamard on Q, K".
+"kernel e4m3 descale" (FA3's per-(batch, kv head) factors) and "kernel + Hadamard" (on Q, K).
 """
 import argparse
 import json

@@ -103,8 +103,8 @@ at::Tensor run_forward(const KernelVariant& kernel, const at::Tensor& q, const a
   detail::LaunchTensors tensors;
   tensors.inputs = {q, k, v};
   tensors.outputs = {out};
-  // The FP8 forward writes a 16-bit output (an expanded one-element tensor:
-  // the shape of q, the dtype of the output, nothing allocated).
+  // The FP8 forward writes a 16-bit output: like an expanded one-element
+  // tensor of that dtype (q's shape; the output is allocated from its sizes and options).
   const at::ScalarType out_type = detail::output_scalar_type(q, options);
   tensors.output_like = {out_type == q.scalar_type() ? q : q.new_empty({1}, q.options().dtype(out_type)).expand(q.sizes())};
   return detail::run_at_kernel_head_dim(

@@ -127,7 +127,14 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(options.sm_margin >= 0, "sm_margin (SMs a persistent kernel leaves free) must be >= 0; got ",
               options.sm_margin);
   if (!packed_tokens) check_score_modification(options, q.size(0), q.size(2), q.device());
-  if (!packed_tokens) check_fp8_options(options, q.scalar_type() == at::kFloat8_e4m3fn, q.size(0), k.size(2), q.device());
+  if (!packed_tokens) {
+    check_fp8_options(options, q.scalar_type() == at::kFloat8_e4m3fn, q.size(0), k.size(2), q.device());
+  } else {
+    TORCH_CHECK(!options.q_descale.defined() && !options.k_descale.defined() && !options.v_descale.defined() &&
+                    !options.output_dtype,
+                "q_descale, k_descale, v_descale and output_dtype are for the e4m3 (FP8) forward, which takes "
+                "fixed-length batches; got them with a variable-length one");
+  }
 }
 
 void check_fp8_options(const AttentionOptions& options, bool fp8, int64_t batch, int64_t kv_heads,

@@ -58,6 +58,7 @@ void fa1_scalar_backward_on_host(const AttentionBackwardParams& params) {
     case DataType::float32: return run_on_host<float>(own);
     case DataType::float16: return run_on_host<__half>(own);
     case DataType::bfloat16: return run_on_host<__nv_bfloat16>(own);
+    case DataType::e4m3: throw std::invalid_argument("fa1_scalar_backward_on_host: no e4m3 backward");
   }
 }
 

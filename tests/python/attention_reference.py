@@ -118,31 +118,12 @@ def assert_close_to_reference(name, actual, precise, same_precision, factor, dty
 
 
 # ---------------------------------------------------------------------------
-# FP8 (e4m3) inputs: FA3's quantization and the kernel's own rounding of P.
+# FP8 (e4m3) inputs (quantized by flashlab.fp8): the FP8 forward's own rounding of P.
 
 E4M3 = torch.float8_e4m3fn
-E4M3_MAX = 448.0
 # The FP8 forward's P is exp(s - max) x 2^8 when rounded to e4m3 (the kernel's
 # kFp8PExponent): the largest probability is 256, below e4m3's 448.
 FP8_P_SCALE = 256.0
-
-
-def quantize_e4m3(x, kv_heads):
-    """x (batch, seqlen, heads, d) -> (e4m3 values, float32 descale (batch, kv_heads)):
-    one factor per (batch, kv head), its amax / 448 (a query head shares its kv head's,
-    as FA3's q_descale does)."""
-    batch, seqlen, heads, head_dim = x.shape
-    group = heads // kv_heads
-    amax = x.detach().abs().reshape(batch, seqlen, kv_heads, group, head_dim).amax(dim=(1, 3, 4)).float()
-    descale = amax.clamp_min(1e-12) / E4M3_MAX
-    values = (x / descale.repeat_interleave(group, dim=1)[:, None, :, None].to(x.dtype)).to(E4M3)
-    return values, descale.contiguous()
-
-
-def dequantize_e4m3(values, descale, dtype=torch.float64):
-    """What e4m3 `values` with `descale` (batch, kv_heads) stand for, in `dtype`."""
-    group = values.shape[2] // descale.shape[1]
-    return values.to(dtype) * descale.to(dtype).repeat_interleave(group, dim=1)[:, None, :, None]
 
 
 def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, products=None):

@@ -98,57 +98,63 @@ def test_distributed_attention_matches_single_process_attention(scheme, world, s
         assert error < bound, f"{name}: max error {error:.3e} against single-process attention"
 
 
-def _deterministic_worker(rank, world, init_file, results):
+def _run_scenario(rank, world, init_file, results, scenario):
+    """scenario(rank, world) in a gloo group of `world` processes; saves what it returns."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        flags = []
-
-        def recording_backward(*args, deterministic=False, **kwargs):
-            flags.append(deterministic)
-            return reference_block_ops.backward(*args, deterministic=deterministic, **kwargs)
-        ops = BlockOps(reference_block_ops.forward, recording_backward)
-        q, k, v, dout = _problem(24, 2)
-        for function in (ring_flash_attn_func, ulysses_flash_attn_func):
-            local = [x.chunk(world, dim=1)[rank].clone().requires_grad_() for x in (q, k, v)]
-            function(*local, block_ops=ops, deterministic=True).backward(dout.chunk(world, dim=1)[rank])
-        torch.save(flags, os.path.join(results, f"{rank}.pt"))
+        torch.save(scenario(rank, world), os.path.join(results, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _spawn(world, scenario):
+    """Each rank's record of scenario, in rank order."""
+    with tempfile.TemporaryDirectory() as results:
+        mp.spawn(_run_scenario, args=(world, os.path.join(results, "init"), results, scenario), nprocs=world,
+                 join=True)
+        return [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+
+
+def _deterministic_flags(rank, world):
+    """The deterministic flag each block backward got, ring then Ulysses."""
+    flags = []
+
+    def recording_backward(*args, deterministic=False, **kwargs):
+        flags.append(deterministic)
+        return reference_block_ops.backward(*args, deterministic=deterministic, **kwargs)
+    ops = BlockOps(reference_block_ops.forward, recording_backward)
+    q, k, v, dout = _problem(24, 2)
+    for function in (ring_flash_attn_func, ulysses_flash_attn_func):
+        local = [x.chunk(world, dim=1)[rank].clone().requires_grad_() for x in (q, k, v)]
+        function(*local, block_ops=ops, deterministic=True).backward(dout.chunk(world, dim=1)[rank])
+    return flags
 
 
 def test_deterministic_reaches_every_block_backward():
     world = 2
-    with tempfile.TemporaryDirectory() as results:
-        mp.spawn(_deterministic_worker, args=(world, os.path.join(results, "init"), results), nprocs=world,
-                 join=True)
-        flags = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+    flags = _spawn(world, _deterministic_flags)
     # The ring: one block backward a step (world steps); Ulysses: one.
     assert all(f == [True] * (world + 1) for f in flags), flags
 
 
-def _sm_margin_worker(rank, world, init_file, results):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        margins = []
+def _forward_margins(rank, world):
+    """The sm_margin each block forward got: the ring with sm_margin=6, then with its default."""
+    margins = []
 
-        def recording_forward(*args, sm_margin=0, **kwargs):
-            margins.append(sm_margin)
-            return reference_block_ops.forward(*args, **kwargs)
-        ops = BlockOps(recording_forward, reference_block_ops.backward)
-        q, k, v, _ = _problem(24, 2)
-        local = [x.chunk(world, dim=1)[rank] for x in (q, k, v)]
-        ring_flash_attn_func(*local, block_ops=ops, sm_margin=6)
-        ring_flash_attn_func(*local, block_ops=ops)  # the default: 0 for block ops other than flashlab's
-        torch.save(margins, os.path.join(results, f"{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    def recording_forward(*args, sm_margin=0, **kwargs):
+        margins.append(sm_margin)
+        return reference_block_ops.forward(*args, **kwargs)
+    ops = BlockOps(recording_forward, reference_block_ops.backward)
+    q, k, v, _ = _problem(24, 2)
+    local = [x.chunk(world, dim=1)[rank] for x in (q, k, v)]
+    ring_flash_attn_func(*local, block_ops=ops, sm_margin=6)
+    ring_flash_attn_func(*local, block_ops=ops)  # the default: 0 for block ops other than flashlab's
+    return margins
 
 
 def test_sm_margin_reaches_the_forwards_beside_a_transfer():
     world = 3
-    with tempfile.TemporaryDirectory() as results:
-        mp.spawn(_sm_margin_worker, args=(world, os.path.join(results, "init"), results), nprocs=world, join=True)
-        margins = [torch.load(os.path.join(results, f"{rank}.pt")) for rank in range(world)]
+    margins = _spawn(world, _forward_margins)
     # Steps 0 .. world - 2 send K/V on while they compute; the last one sends nothing.
     assert all(m == [6] * (world - 1) + [0] + [0] * world for m in margins), margins
     assert distributed._sm_margin(None, distributed.flashlab_block_ops) == distributed.DEFAULT_RING_SM_MARGIN > 0

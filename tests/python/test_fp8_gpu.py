@@ -14,15 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlab import flash_attn_func
-from attention_reference import (
-    E4M3,
-    assert_close_to_reference,
-    attention_ref,
-    dequantize_e4m3,
-    fp8_emulated_attention,
-    quantize_e4m3,
-)
+from flashlab import flash_attn_func, fp8
+from attention_reference import E4M3, assert_close_to_reference, attention_ref, fp8_emulated_attention
 from conftest import requires_cuda
 
 DEVICE = "cuda"
@@ -39,7 +32,7 @@ def fp8_problem(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, outliers, 
     if outliers:  # the same few channels 20x larger, as activations' outlier features are
         for x in (q, k, v):
             x[..., 3:7] *= 20.0
-    return [quantize_e4m3(x, kv_heads) for x in (q, k, v)]
+    return [fp8.quantize(x, kv_heads) for x in (q, k, v)]
 
 
 def tensor_core_products(q8, k8, q_descale, k_descale):
@@ -83,7 +76,7 @@ def test_fp8_forward_matches_dequantized_reference(case):
                                   out_dtype=None if out_dtype == torch.bfloat16 else out_dtype)
     assert out.dtype == out_dtype and out.shape == (batch, seqlen_q, heads, head_dim)
     assert not out.isnan().any() and not out.isinf().any()
-    q, k, v = (dequantize_e4m3(x, d) for x, d in ((q8, qd), (k8, kd), (v8, vd)))
+    q, k, v = (fp8.dequantize(x, d, torch.float64) for x, d in ((q8, qd), (k8, kd), (v8, vd)))
     out_ref, lse_ref = attention_ref(q, k, v, causal=causal, window=window)
     products = tensor_core_products(q8, k8, qd, kd)
     out_fp8_path = fp8_emulated_attention(q, k, v, causal=causal, window=window, products=products).to(out_dtype)

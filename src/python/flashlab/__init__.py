@@ -5,14 +5,15 @@
     out = flashlab.flash_attn_func(q, k, v, causal=True)                 # flash-attn's call
     out = flashlab.flash_attn_func(q, k, v, causal=True, kernel="fa2_mma_sm80")   # one kernel
 
-The operators are torch.ops.flashlab.{fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache}
+The operators are torch.ops.flashlab.{fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache, fwd_fp8}
 (and kernels, the registry; check_errors, set_strict_checks, strict_checks;
 merge_attention_states_, the ring's merge; testing_*, flashlab.testing's harness entries).
 Importing flashlab loads the extension and makes no CUDA call.
 
 Subpackages: flashlab.testing (check, time and locate bugs in attention kernels written in
-Python: Triton, CuTe DSL, torch) and flashlab.distributed (ring and Ulysses context
-parallelism over torch.distributed).
+Python: Triton, CuTe DSL, torch), flashlab.distributed (ring and Ulysses context
+parallelism over torch.distributed) and flashlab.fp8 (e4m3 inputs for the FP8 forward:
+quantization with FA3's descale factors, the Hadamard rotation for outlier channels).
 """
 
 import torch

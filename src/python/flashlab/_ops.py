@@ -30,7 +30,8 @@ def _fwd_fake(q, k, v, softmax_scale=None, causal=False, window_left=-1, window_
               deterministic=False, kernel_name="auto", softcap=0.0, alibi_slopes=None, sinks=None,
               sm_margin=0):
     batch, seqlen_q, heads, _ = q.shape
-    return _new_contiguous(q), _new_contiguous(q, (batch, heads, seqlen_q), torch.float32)
+    out_dtype = torch.bfloat16 if q.dtype == torch.float8_e4m3fn else None  # e4m3's default output
+    return _new_contiguous(q, dtype=out_dtype), _new_contiguous(q, (batch, heads, seqlen_q), torch.float32)
 
 
 @torch.library.register_fake("flashlab::varlen_fwd")

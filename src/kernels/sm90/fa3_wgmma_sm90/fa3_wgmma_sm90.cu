@@ -7,6 +7,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -41,6 +42,21 @@ EncodeTiled encode_tiled() {
     return reinterpret_cast<EncodeTiled>(pointer);
   }();
   return function;
+}
+
+// TMA (and the FP8 V transpose's 16-byte accesses) need 16-byte aligned base
+// addresses and strides.
+bool aligned_pointer(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0; }
+
+// Why `strides` (in elements) do not suit: the first one that is not a multiple of
+// `multiple`, named in "<needs> batch, row and head strides that are ...". Empty when all do.
+std::string stride_reason(const std::string& needs, std::initializer_list<int64_t> strides, int multiple,
+                          const char* why) {
+  for (const int64_t stride : strides)
+    if (stride % multiple != 0)
+      return needs + " batch, row and head strides that are multiples of " + std::to_string(multiple) +
+             " elements (" + why + "); got a stride of " + std::to_string(stride);
+  return {};
 }
 
 }  // namespace
@@ -94,8 +110,8 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
 }
 
 CUtensorMap make_vt_tensor_map(const AttentionParams& p, const void* vt) {
-  const int64_t keys = fp8_vt_keys(p.seqlen_k);
-  const cuuint64_t extent[4] = {static_cast<cuuint64_t>(keys > 0 ? keys : 16), static_cast<cuuint64_t>(p.head_dim),
+  const int64_t keys = std::max<int64_t>(fp8_vt_keys(p.seqlen_k), 16);  // no keys: a map never read
+  const cuuint64_t extent[4] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(p.head_dim),
                                 static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(p.batch)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(keys * p.head_dim),
                                  static_cast<cuuint64_t>(keys * p.head_dim * p.kv_heads)};
@@ -153,14 +169,11 @@ std::string fp8_unsupported_reason(const AttentionParams& params) {
            data_type_name(params.output_dtype);
   const bool batched = params.batch > 1;
   // q and k for TMA, v for the transpose's 16-byte loads.
-  const int64_t strides[] = {batched ? params.q_batch_stride : 0, params.q_row_stride, params.q_head_stride,
-                             batched ? params.k_batch_stride : 0, params.k_row_stride, params.k_head_stride,
-                             batched ? params.v_batch_stride : 0, params.v_row_stride, params.v_head_stride};
-  for (int64_t stride : strides)
-    if (stride % 16 != 0)
-      return "fa3_wgmma_sm90 needs e4m3 q, k and v batch, row and head strides that are multiples of 16 elements "
-             "(16-byte strides: TMA, the V transpose); got a stride of " + std::to_string(stride);
-  return {};
+  return stride_reason("fa3_wgmma_sm90 needs e4m3 q, k and v",
+                       {batched ? params.q_batch_stride : 0, params.q_row_stride, params.q_head_stride,
+                        batched ? params.k_batch_stride : 0, params.k_row_stride, params.k_head_stride,
+                        batched ? params.v_batch_stride : 0, params.v_row_stride, params.v_head_stride},
+                       16, "16-byte strides: TMA, the V transpose");
 }
 
 std::string unsupported_reason(const AttentionParams& params) {
@@ -180,26 +193,16 @@ std::string unsupported_reason(const AttentionParams& params) {
   if (params.trace.enabled() && params.is_varlen())
     return "fa3_wgmma_sm90 records tile states for fixed-length batches only; got a "
            "variable-length batch";
-  // TMA: 16-byte aligned base addresses and strides that are multiples of 16 bytes.
-  const auto aligned_pointer = [](const void* pointer) {
-    return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
-  };
   if (!aligned_pointer(params.q) || !aligned_pointer(params.k) || !aligned_pointer(params.v) ||
       !aligned_pointer(params.out))
     return "fa3_wgmma_sm90 needs q, k, v and out to start on 16-byte boundaries (TMA)";
-  const bool varlen = params.is_varlen();
-  const bool batched = !varlen && params.batch > 1;
-  const int64_t strides[] = {
-      batched ? params.q_batch_stride : 0,   params.q_row_stride,   params.q_head_stride,
-      batched ? params.k_batch_stride : 0,   params.k_row_stride,   params.k_head_stride,
-      batched ? params.v_batch_stride : 0,   params.v_row_stride,   params.v_head_stride,
-      batched ? params.out_batch_stride : 0, params.out_row_stride, params.out_head_stride};
-  for (int64_t stride : strides)
-    if (stride % 8 != 0)
-      return "fa3_wgmma_sm90 needs batch, row and head strides that are multiples of 8 elements "
-             "(TMA takes 16-byte strides); got a stride of " +
-             std::to_string(stride);
-  return {};
+  const bool batched = !params.is_varlen() && params.batch > 1;
+  return stride_reason("fa3_wgmma_sm90 needs",
+                       {batched ? params.q_batch_stride : 0,   params.q_row_stride,   params.q_head_stride,
+                        batched ? params.k_batch_stride : 0,   params.k_row_stride,   params.k_head_stride,
+                        batched ? params.v_batch_stride : 0,   params.v_row_stride,   params.v_head_stride,
+                        batched ? params.out_batch_stride : 0, params.out_row_stride, params.out_head_stride},
+                       8, "TMA takes 16-byte strides");
 }
 
 std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
@@ -211,22 +214,17 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
   if (!reason.empty()) return reason;
   if (params.trace.enabled())
     return "fa3_wgmma_sm90's backward records no tile states (tile traces are forward only)";
-  const auto aligned_pointer = [](const void* pointer) {
-    return reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
-  };
   if (!aligned_pointer(params.dout) || !aligned_pointer(params.dq) || !aligned_pointer(params.dk) ||
       !aligned_pointer(params.dv))
     return "fa3_wgmma_sm90's backward needs dout, dq, dk and dv to start on 16-byte boundaries (TMA)";
   const bool batched = !params.is_varlen() && params.batch > 1;
-  const int64_t strides[] = {batched ? params.dout_batch_stride : 0, params.dout_row_stride, params.dout_head_stride,
-                             batched ? params.dq_batch_stride : 0,   params.dq_row_stride,   params.dq_head_stride,
-                             batched ? params.dk_batch_stride : 0,   params.dk_row_stride,   params.dk_head_stride,
-                             batched ? params.dv_batch_stride : 0,   params.dv_row_stride,   params.dv_head_stride};
-  for (int64_t stride : strides)
-    if (stride % 8 != 0)
-      return "fa3_wgmma_sm90's backward needs dout, dq, dk and dv batch, row and head strides that are "
-             "multiples of 8 elements; got a stride of " + std::to_string(stride);
-  return {};
+  return stride_reason(
+      "fa3_wgmma_sm90's backward needs dout, dq, dk and dv",
+      {batched ? params.dout_batch_stride : 0, params.dout_row_stride, params.dout_head_stride,
+       batched ? params.dq_batch_stride : 0,   params.dq_row_stride,   params.dq_head_stride,
+       batched ? params.dk_batch_stride : 0,   params.dk_row_stride,   params.dk_head_stride,
+       batched ? params.dv_batch_stride : 0,   params.dv_row_stride,   params.dv_head_stride},
+      8, "TMA takes 16-byte strides");
 }
 
 TileShape backward_tile_shape(const AttentionBackwardParams& params) {
@@ -316,7 +314,8 @@ KernelVariant fa3_wgmma_sm90_variant() {
   variant.name = "fa3_wgmma_sm90";
   variant.summary =
       "FlashAttention-3 style forward for Hopper (TMA, wgmma, producer/consumer warpgroups, "
-      "persistent grid), fp16/bf16, head_dim " + HeadDims::text("/") +
+      "persistent grid), fp16/bf16 (e4m3 at head_dim " + fa3_wgmma_sm90::Fp8HeadDims::text("/") +
+      ", forward only), head_dim " + HeadDims::text("/") +
       ", causal/window, GQA, varlen; backward (FA3-style, head_dim " + BackwardHeadDims::text("/") +
       ", deterministic mode); sm_90a only";
   variant.architectures = kSm90aOnly;

@@ -16,8 +16,8 @@
 // registers), each owning 64 query rows: S = Q K^T on wgmma with both operands
 // in shared memory, the mask (sequence end, causal / sliding window,
 // bottom-right aligned) only on tiles that need it, the online softmax in base
-// 2, P kept in registers as the A operand of O += P V (V MN-major, transposed
-// by the descriptor). K/V tiles are walked from the last visible one down, so
+// 2, P kept in registers as the A operand of O += P V (16-bit: V MN-major,
+// transposed by the descriptor; e4m3: V^T, below). K/V tiles are walked from the last visible one down, so
 // the tiles cut by a causal diagonal come first; tiles no row of the block
 // sees are never loaded. Where two Q buffers fit (head_dim 128), work tiles
 // overlap: a tile's last P V is issued with the next tile's first S, and the
@@ -32,7 +32,17 @@
 // non-causal, and spills now, so 128.) Shared tiles are stored as 64-column
 // panels of 128-byte rows (TMA box inner size = one swizzle row).
 //
-// Limits: fp16 / bf16, head_dim 64 / 128 / 256, compute capability 9.0 built
+// FP8 (e4m3 Q, K, V; Fp8Traits, 128 x 128 at head_dim 128 and 256): k32 wgmma;
+// 8-bit wgmma takes B K-major only, so V arrives as V^T, written by
+// fp8_transpose_v_kernel into the workspace before the launch with its keys
+// permuted within every 16 (fp8_vt_key_of_position) so that S's accumulator
+// fragments are P V's A fragments as they stand; P is exp2(... + 8) rounded to
+// e4m3 (the 2^8 leaves the LSE in the epilogue); the per-(batch, kv head)
+// descales scale the scores and O. The producer gets 40 registers at head_dim
+// 128 (24 spilled), 24 at 256. Fixed-length only, no score modifications, no
+// trace, forward only; output bf16 or fp16 (AttentionParams::output_dtype).
+//
+// Limits: fp16 / bf16 / e4m3, head_dim 64 / 128 / 256, compute capability 9.0 built
 // as sm_90a, base pointers 16-byte aligned and batch/row/head strides that are
 // multiples of 8 elements (TMA strides are multiples of 16 bytes). Tile
 // tracing (a separate traced instantiation) for fixed-length batches; the
@@ -570,7 +580,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
         acc_o[n * 4 + h * 2 + 1] *= correction[h];
       }
   };
-  // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15.
+  // P as wgmma A fragments: k16 step kk takes S columns 16kk..16kk+15 (e4m3: k32
+  // step kk columns 32kk..32kk+31 in fp8_vt_key_of_position's order).
   auto convert_p = [&] {
     if constexpr (kFp8) sm90::accumulator_to_fp8_a_fragments(acc_s, p_frag);
     else sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
@@ -773,8 +784,11 @@ template <class Tr>
 __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const AttentionParams p, uint8_t* vt,
                                                               int64_t vt_keys) {
   __shared__ __align__(16) uint8_t tile[64][64 + 16];
-  const int key0 = blockIdx.x * 64, column0 = blockIdx.y * 64;
-  const int batch = blockIdx.z / p.kv_heads, head = blockIdx.z % p.kv_heads;
+  // blockIdx.x: (batch, kv head) and the key block, folded (grid.z stops at 65535).
+  const int key_blocks = static_cast<int>((vt_keys + 63) / 64);
+  const int pair = blockIdx.x / key_blocks;
+  const int key0 = blockIdx.x % key_blocks * 64, column0 = blockIdx.y * 64;
+  const int batch = pair / p.kv_heads, head = pair % p.kv_heads;
   const uint8_t* v = static_cast<const uint8_t*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
   {
     const int key = threadIdx.x / 4, piece = threadIdx.x % 4;  // 4 x 16 bytes: a key's 64 columns
@@ -835,11 +849,13 @@ void launch_forward(const AttentionParams& params) {
   if constexpr (kFp8) {
     uint8_t* vt = static_cast<uint8_t*>(params.workspace) + kFp8VtOffset;
     const int64_t vt_keys = fp8_vt_keys(params.seqlen_k);
-    const dim3 transpose_grid(static_cast<unsigned>((vt_keys + 63) / 64), (params.head_dim + 63) / 64,
-                              params.batch * params.kv_heads);
-    fp8_transpose_v_kernel<Tr><<<transpose_grid, 256, 0, static_cast<cudaStream_t>(params.stream)>>>(params, vt,
-                                                                                                 vt_keys);
-    FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 (FP8 V transpose)", params);
+    if (vt_keys > 0) {  // no keys: no key tile is loaded
+      const dim3 transpose_grid(
+          static_cast<unsigned>((vt_keys + 63) / 64 * params.batch * params.kv_heads), (params.head_dim + 63) / 64);
+      fp8_transpose_v_kernel<Tr><<<transpose_grid, 256, 0, static_cast<cudaStream_t>(params.stream)>>>(params, vt,
+                                                                                                   vt_keys);
+      FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 (FP8 V transpose)", params);
+    }
     args.v_map = make_vt_tensor_map(params, vt);
   } else {
     args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);

@@ -68,6 +68,14 @@ if(FLASHLAB_BUILD_PYTHON)
         LABELS ${label} TIMEOUT 600 ENVIRONMENT "${pytest_environment}"
         SKIP_REGULAR_EXPRESSION "${pytest_all_skipped}")
     endforeach()
+    # The FP8 forward under compute-sanitizer, through the Python API (flashlab-run
+    # has no e4m3): skipped without a compute capability 9.0 GPU.
+    foreach(tool memcheck racecheck synccheck)
+      add_test(NAME sanitizer_fp8_${tool}
+               COMMAND "${PROJECT_SOURCE_DIR}/tests/sanitizer/run_fp8_sanitizer.sh" ${tool} "${FLASHLAB_PYTHON}")
+      set_tests_properties(sanitizer_fp8_${tool} PROPERTIES
+        LABELS sanitizer SKIP_RETURN_CODE 77 TIMEOUT 600 RUN_SERIAL TRUE ENVIRONMENT "${pytest_environment}")
+    endforeach()
     # The Triton example (examples/triton) against its own reference and through
     # flashlab.testing; without a GPU in Triton's CPU interpreter, skipped without
     # triton (or numpy, which the interpreter needs).

@@ -1,0 +1,34 @@
+#!/usr/bin/env python3
+"""The FP8 forward's sanitizer cases (run_fp8_sanitizer.sh runs this under compute-sanitizer):
+small odd e4m3 problems through flash_attn_func, head_dim 128 and 256, causal, window, GQA/MQA,
+a one-row query and keys that end inside a 16-key group of the V transpose. Prints one line a
+case and fails on a non-finite output; exit 77 (skipped) without a compute capability 9.0 GPU."""
+import sys
+
+import torch
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    print("SKIP: the FP8 forward needs compute capability 9.0")
+    sys.exit(77)
+
+from flashlab import flash_attn_func, fp8  # noqa: E402
+
+# (head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window)
+CASES = [
+    (128, 2, 200, 333, 4, 2, True, (-1, -1)),
+    (128, 1, 1, 7, 2, 2, False, (3, 0)),
+    (256, 1, 77, 130, 2, 1, False, (-1, -1)),
+    (256, 3, 129, 1000, 4, 4, True, (-1, -1)),
+]
+generator = torch.Generator(device="cuda").manual_seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+for head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window in CASES:
+    tensors = [fp8.quantize(torch.randn(batch, rows, h, head_dim, device="cuda", generator=generator), kv_heads)
+               for rows, h in ((seqlen_q, heads), (seqlen_k, kv_heads), (seqlen_k, kv_heads))]
+    (q, qd), (k, kd), (v, vd) = tensors
+    out = flash_attn_func(q, k, v, causal=causal, window_size=window, q_descale=qd, k_descale=kd, v_descale=vd)
+    torch.cuda.synchronize()
+    name = f"d{head_dim} b{batch} {seqlen_q}x{seqlen_k} h{heads}/{kv_heads} causal={causal} window={window}"
+    if not torch.isfinite(out).all():
+        print(f"FAIL {name}: non-finite output")
+        sys.exit(1)
+    print(f"ok {name}")

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "flashlab/attention.h"
 #include "flashlab/harness/dev_kernels.h"
 #include "flashlab/harness/locate.h"
 #include "flashlab/kernel_registry.h"
@@ -265,6 +266,29 @@ TEST(Locate, Fa3CtaIsTheOneTheWorkTileOrderGivesTheTile) {
       }
       ASSERT_EQ(static_cast<int>(seen.size()), plan.num_work_tiles);
     }
+}
+
+// e4m3 (FP8): the FP8 tiling's rows and key tiles (128 x 128, also at head_dim
+// 256, where the 16-bit tiles are 128 x 80), its schedule (1-byte elements), no
+// traced stop, and notes in its units; head_dim 64 has no FP8 tiling.
+TEST(Locate, Fa3E4m3UsesTheFp8Tiling) {
+  const auto e4m3 = [](at::IntArrayRef shape) { return at::zeros(shape, at::kFloat8_e4m3fn); };
+  const at::Tensor q = e4m3({2, 300, 4, 256}), kv = e4m3({2, 500, 2, 256});
+  const AttentionParams params = make_params(q, kv, kv, at::Tensor(), at::Tensor(), {});
+  const ElementLocation at = fa3_wgmma_sm90::locate_on(params, 1, 3, 200, 5, 132, 50 << 20);
+  ASSERT_TRUE(at.unavailable.empty()) << at.unavailable;
+  EXPECT_EQ(at.query_block, 1);
+  EXPECT_EQ(at.row_in_block, 72);
+  EXPECT_EQ(at.key_tiles, (std::vector<int>{3, 2, 1, 0}));  // 500 keys in tiles of 128, last first
+  EXPECT_EQ(at.grid[0], fa3_wgmma_sm90::schedule(params, 128, 1, 132, 50 << 20).grid);
+  ASSERT_EQ(at.stops.size(), 1u);
+  EXPECT_FALSE(at.stops[0].needs_trace);
+  EXPECT_NE(at.state_note.find("fp8.qk"), std::string::npos) << at.state_note;
+  EXPECT_NE(at.out_note.find("v_descale"), std::string::npos) << at.out_note;
+  const at::Tensor q64 = e4m3({1, 10, 2, 64}), kv64 = e4m3({1, 10, 2, 64});
+  const ElementLocation none =
+      fa3_wgmma_sm90::locate_on(make_params(q64, kv64, kv64, at::Tensor(), at::Tensor(), {}), 0, 0, 1, 1, 132, 50 << 20);
+  EXPECT_NE(none.unavailable.find("takes e4m3 at head_dim 128, 256; got 64"), std::string::npos) << none.unavailable;
 }
 
 // The cuda-gdb stops name lines that exist: every marker of a stop that does

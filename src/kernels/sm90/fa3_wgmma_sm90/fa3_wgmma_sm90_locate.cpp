@@ -31,7 +31,8 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   const SequenceView view = sequence_view(params, batch);
   location.unavailable = row_past_sequence(view, batch, row);
   if (!location.unavailable.empty()) return location;
-  const Schedule plan = schedule(params, Tr::kBlockM, 2, multiprocessors, l2_bytes);
+  constexpr bool kFp8 = Tr::kElementBytes == 1;  // Fp8Traits: its tiles, P x 2^8, descales, no traced build
+  const Schedule plan = schedule(params, Tr::kBlockM, Tr::kElementBytes, multiprocessors, l2_bytes);
   location.grid[0] = plan.grid;
   location.grid[1] = location.grid[2] = 1;
   location.block_threads[0] = Tr::kThreads;
@@ -79,16 +80,22 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   out.index = {n * 4 + position.slot};
   out.name = "acc_o[" + std::to_string(n * 4 + position.slot) + "]";
   location.out = {out};
-  location.out_note = "float32, unnormalized and rescaled per tile (out = acc_o / l after the last tile); "
+  location.out_note = std::string(kFp8 ? "float32, unnormalized (P x 2^8) and rescaled per tile (out = acc_o * "
+                                           "v_descale / l after the last tile); "
+                                         : "float32, unnormalized and rescaled per tile (out = acc_o / l after the "
+                                           "last tile); ") +
                       "consumer warpgroup " + std::to_string(1 + consumer) + " (threads " +
                       std::to_string(128 * (1 + consumer)) + ".." +
                       std::to_string(128 * (2 + consumer) - 1) + ")";
   const std::string state_index = "[" + std::to_string(position.h) + "]";
   locate_quad_row_state(location, slot_of, position.lane, state_index, {position.h});
   location.state_note =
-      "row_max is in raw score units (m = row_max * softmax_scale), the same in the quad's four "
-      "lanes; row_sum is each lane's partial sum: l is the sum over the four lanes (the traced "
-      "build's `running_sum` at the state line is that sum)";
+      kFp8 ? "row_max is in raw e4m3 score units (m = row_max * softmax_scale * fp8.qk, fp8.qk = q_descale * "
+             "k_descale of the (batch, kv head)), the same in the quad's four lanes; row_sum is each lane's "
+             "partial sum of P x 2^8: l is the sum over the four lanes / 256 (no traced build for e4m3)"
+           : "row_max is in raw score units (m = row_max * softmax_scale), the same in the quad's four "
+             "lanes; row_sum is each lane's partial sum: l is the sum over the four lanes (the traced "
+             "build's `running_sum` at the state line is that sum)";
 
   // Visited from the last key tile down (key_tiles in the kernel).
   locate_key_tiles(location, params, view, row, Tr::kBlockM, Tr::kBlockN,
@@ -113,11 +120,12 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
   loop.condition = "tile == {tile} && cur.work.q_block == " + std::to_string(location.query_block) +
                    " && cur.work.head == " + std::to_string(head) + " && cur.work.batch == " +
                    std::to_string(batch) + " && threadIdx.x == " + std::to_string(out.thread[0]);
-  loop.prints = {"tile", "row_max" + state_index, "row_max" + state_index + " * p.softmax_scale",
+  loop.prints = {"tile", "row_max" + state_index,
+                 "row_max" + state_index + (kFp8 ? " * p.softmax_scale * fp8.qk" : " * p.softmax_scale"),
                  "row_sum" + state_index};
   loop.what = "after key tile {tile}'s softmax (any tile but the first visited): m and this "
               "lane's part of l (add row_sum" + state_index + " of the quad's four lanes)";
-  location.stops = {traced, loop};
+  location.stops = kFp8 ? std::vector<CudaGdbStop>{loop} : std::vector<CudaGdbStop>{traced, loop};
   return location;
 }
 
@@ -126,11 +134,16 @@ ElementLocation locate_with(const AttentionParams& params, int batch, int head, 
 ElementLocation locate_on(const AttentionParams& params, int batch, int head, int row, int col,
                           int multiprocessors, int l2_bytes) {
   ElementLocation location;
-  if (params.dtype == DataType::e4m3) {  // Fp8Traits' tiles and a 1-byte element: not modelled here
-    location.unavailable = "fa3_wgmma_sm90 locates fp16 and bf16 elements; its e4m3 (FP8) layout is not modelled yet";
+  location.unavailable = "fa3_wgmma_sm90 has no tiling for head_dim " + std::to_string(params.head_dim);
+  if (params.dtype == DataType::e4m3) {
+    location.unavailable = "fa3_wgmma_sm90 takes e4m3 at head_dim " + Fp8HeadDims::text() + "; got " +
+                           std::to_string(params.head_dim);
+    FLASHLAB_HEAD_DIM_SWITCH(Fp8HeadDims, params.head_dim, kHeadDim, [&] {
+      location = locate_with<typename Fp8Traits<kHeadDim>::type>(params, batch, head, row, col, multiprocessors,
+                                                                 l2_bytes);
+    });
     return location;
   }
-  location.unavailable = "fa3_wgmma_sm90 has no tiling for head_dim " + std::to_string(params.head_dim);
   FLASHLAB_HEAD_DIM_SWITCH(HeadDims, params.head_dim, kHeadDim, [&] {
     location = locate_with<typename DefaultTraits<kHeadDim>::type>(params, batch, head, row, col,
                                                                    multiprocessors, l2_bytes);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "flashlab/attention.h"
+#include "flashlab/harness/dev_kernels.h"
 #include "test_support.h"
 
 namespace flashlab {
@@ -91,6 +92,9 @@ TEST(Fp8Choice, OnlyTheHopperForwardTakesIt) {
   Fp8Problem modified;
   modified.options.softcap = 30.0;
   expect_rejected([&] { select_kernel(modified.forward(90), "fa3_wgmma_sm90"); }, {"applies no score modifications"});
+  // The tuning copy with no workspace has nowhere to write V^T.
+  for (const KernelVariant& tuning : tuning_kernels())
+    if (tuning.name == "fa3_wgmma_sm90_static") EXPECT_FALSE(tuning.supports_e4m3);
   const at::Tensor lse = at::zeros({2, 8, 16}, at::kFloat);
   AttentionBackwardParams backward =
       make_backward_params(d128.q, d128.q, d128.k, d128.v, d128.q, lse, at::Tensor(), at::Tensor(), at::Tensor(), {});

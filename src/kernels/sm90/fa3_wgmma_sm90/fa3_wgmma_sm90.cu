@@ -348,6 +348,7 @@ KernelVariant fa3_wgmma_sm90_static_schedule_variant() {
   variant.summary = "fa3_wgmma_sm90 with the static work-tile order under masks and varlen too "
                     "(no tile counter); tuning only";
   variant.workspace_bytes = nullptr;
+  variant.supports_e4m3 = false;  // the FP8 forward's V^T lives in the workspace
   return variant;
 }
 

@@ -71,6 +71,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "common/online_softmax.h"
@@ -847,6 +849,10 @@ void launch_forward(const AttentionParams& params) {
   args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM);
   args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
   if constexpr (kFp8) {
+    if (params.workspace == nullptr || params.workspace_bytes < workspace_bytes(params))
+      throw std::invalid_argument("fa3_wgmma_sm90's e4m3 forward writes V^T into its workspace: needs " +
+                                  std::to_string(workspace_bytes(params)) + " bytes; got " +
+                                  std::to_string(params.workspace_bytes));
     uint8_t* vt = static_cast<uint8_t*>(params.workspace) + kFp8VtOffset;
     const int64_t vt_keys = fp8_vt_keys(params.seqlen_k);
     if (vt_keys > 0) {  // no keys: no key tile is loaded

@@ -113,7 +113,7 @@ void PrintTo(const KernelCase& kernel_case, std::ostream* stream) {
 }
 
 const char* dtype_label(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : "bf16";
+  return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : dtype == at::kFloat8_e4m3fn ? "e4m3" : "bf16";
 }
 
 const std::vector<int>& probe_head_dims() {
@@ -639,6 +639,51 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
   return cases;
 }
 
+std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels) {
+  struct Fp8Shape {
+    int head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads;
+    bool causal;
+    int window_left, window_right;
+    bool outliers;
+    Fp8Scaling scaling;
+    at::ScalarType output;
+  };
+  constexpr auto kPerHead = Fp8Scaling::per_head;
+  const std::vector<Fp8Shape> shapes = {
+      {128, 2, 1023, 1023, 8, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
+      {128, 1, 113, 4097, 4, 1, true, -1, -1, false, kPerHead, at::kBFloat16},
+      {128, 2, 777, 1500, 6, 2, false, 100, 50, true, kPerHead, at::kHalf},
+      {128, 3, 1, 7, 2, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
+      {128, 2, 300, 257, 4, 4, true, -1, -1, true, Fp8Scaling::per_tensor, at::kBFloat16},
+      {128, 1, 200, 333, 4, 2, false, -1, -1, false, Fp8Scaling::none, at::kBFloat16},
+      {256, 2, 1024, 1023, 4, 4, true, -1, -1, false, kPerHead, at::kBFloat16},
+      {256, 1, 7, 700, 2, 1, false, -1, -1, true, kPerHead, at::kBFloat16},
+      {256, 1, 4097, 4097, 2, 2, true, -1, -1, false, kPerHead, at::kHalf},
+  };
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const Fp8Shape& shape : shapes) {
+      ProblemSpec spec;
+      spec.batch = shape.batch, spec.heads = shape.heads, spec.kv_heads = shape.kv_heads;
+      spec.seqlen_q = shape.seqlen_q, spec.seqlen_k = shape.seqlen_k, spec.head_dim = shape.head_dim;
+      spec.dtype = at::kFloat8_e4m3fn;
+      spec.causal = shape.causal;
+      spec.window_left = shape.window_left, spec.window_right = shape.window_right;
+      spec.outliers = shape.outliers;
+      spec.fp8_scaling = shape.scaling;
+      spec.fp8_output_dtype = shape.output;
+      add_if_supported(cases, kernel,
+                       "e4m3_d" + std::to_string(shape.head_dim) + "_b" + std::to_string(shape.batch) +
+                           seqlen_label(shape.seqlen_q, shape.seqlen_k) + "_kv" + std::to_string(shape.kv_heads) +
+                           masks_label(spec) + (shape.outliers ? "_outliers" : "") + "_descale_" +
+                           (shape.scaling == kPerHead ? "per_head"
+                            : shape.scaling == Fp8Scaling::per_tensor ? "per_tensor" : "none") +
+                           "_out_" + dtype_label(shape.output),
+                       spec, compute_capability);
+    }
+  return cases;
+}
+
 const std::vector<CaseMatrix>& case_matrices() {
   static const std::vector<CaseMatrix> matrices = {
       {"Correctness", correctness_cases},
@@ -657,6 +702,7 @@ const std::vector<CaseMatrix>& case_matrices() {
       {"BackwardSanitizer", backward_sanitizer_cases},
       {"ScoreModifications", score_modification_cases},
       {"BackwardScoreModifications", backward_score_modification_cases},
+      {"Fp8", fp8_cases},
   };
   return matrices;
 }
@@ -739,6 +785,9 @@ std::string flashlab_run_arguments(const ProblemSpec& spec) {
   if (spec.alibi != ProblemSpec::Alibi::none)
     text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
   if (spec.sinks) text << " --sinks";
+  if (spec.outliers) text << " --outliers";
+  if (spec.is_fp8())
+    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype " << dtype_label(spec.fp8_output_dtype);
   return text.str();
 }
 

@@ -102,6 +102,11 @@ std::vector<KernelCase> backward_score_modification_cases(int compute_capability
 // backward (KernelCase::deterministic)
 std::vector<KernelCase> backward_sanitizer_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 
+// The FP8 (e4m3) forward: head dims 128 and 256, odd and unequal lengths,
+// causal, a window, GQA/MQA, a one-row query, outlier channels, each descale
+// scaling, bf16 and fp16 outputs
+std::vector<KernelCase> fp8_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+
 struct CaseMatrix {
   std::string name;  // also the GoogleTest instantiation name
   CaseGenerator generate;

@@ -169,7 +169,8 @@ void check_choices(std::string_view option, const std::vector<std::string>& name
 
 at::ScalarType parse_dtype(std::string_view option, const std::string& text) {
   return parse_choice<at::ScalarType>(option, text,
-                                      {{"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16}});
+                                      {{"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16},
+                                       {"e4m3", at::kFloat8_e4m3fn}});
 }
 
 }  // namespace flashlab

@@ -22,6 +22,7 @@ std::string dtype_option(at::ScalarType dtype) {
   switch (dtype) {
     case at::kFloat: return "fp32";
     case at::kBFloat16: return "bf16";
+    case at::kFloat8_e4m3fn: return "e4m3";
     default: return "fp16";
   }
 }
@@ -71,6 +72,14 @@ std::string run_options(const ProblemSpec& spec) {
   if (spec.window_left >= 0) text << " --window-left " << spec.window_left;
   if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
   if (spec.softmax_scale) text << std::setprecision(9) << " --softmax-scale " << *spec.softmax_scale;
+  if (spec.softcap != 0.0) text << std::setprecision(9) << " --softcap " << spec.softcap;
+  if (spec.alibi != ProblemSpec::Alibi::none)
+    text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
+  if (spec.sinks) text << " --sinks";
+  if (spec.outliers) text << " --outliers";
+  if (spec.is_fp8())
+    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype "
+         << dtype_option(spec.fp8_output_dtype);
   if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
   text << " --seed " << spec.seed;
   return text.str();
@@ -202,7 +211,10 @@ std::string format_location(const KernelVariant& kernel, const ProblemSpec& spec
           text << "  (cuda-gdb) cuda thread " << triple(lane.thread) << "\n"
                << "  (cuda-gdb) print " << lane.name << "\n";
   }
-  if (!spec.is_varlen()) {
+  if (spec.is_fp8()) {
+    text << "expected: no tile trace for e4m3 (flashlab-run " << problem
+         << " compares the output with the FP8 path's arithmetic)\n";
+  } else if (!spec.is_varlen()) {
     text << "expected (float64): " << program << " " << problem << " --trace-tiles --show-state "
          << batch << "," << head << "," << row << "," << tile;
     if (!kernel.supports_tile_trace)

@@ -74,6 +74,25 @@ at::Tensor row_block(const at::Tensor& tensor, int64_t batch, int64_t row0, int6
 // Per row of a (count, heads, D) block: whether any value is NaN/inf, (count, heads).
 at::Tensor nonfinite_rows(const at::Tensor& block) { return at::isfinite(block).logical_not().any(-1); }
 
+// e4m3 specs: q, k, v (float32 as drawn) become their e4m3 values and descales;
+// without values (random = false) uninitialized e4m3 tensors and descales of 1.
+// Quantizes from q_source, k_source, v_source when set (requantizing), else from q, k, v.
+void quantize_inputs(const ProblemSpec& spec, ProblemInputs& inputs, bool random) {
+  if (!inputs.q_source.defined()) inputs.q_source = inputs.q, inputs.k_source = inputs.k, inputs.v_source = inputs.v;
+  const at::Tensor sources[] = {inputs.q_source, inputs.k_source, inputs.v_source};
+  at::Tensor* values[] = {&inputs.q, &inputs.k, &inputs.v};
+  at::Tensor* descales[] = {&inputs.q_descale, &inputs.k_descale, &inputs.v_descale};
+  for (int index = 0; index < 3; ++index) {
+    const at::Tensor& source = sources[index];
+    const Fp8Tensor quantized =
+        random ? quantize_e4m3(source, spec.kv_heads, spec.fp8_scaling)
+               : Fp8Tensor{at::empty(source.sizes(), source.options().dtype(at::kFloat8_e4m3fn)),
+                           at::ones({spec.batch, spec.kv_heads}, source.options())};
+    *values[index] = quantized.values;
+    *descales[index] = quantized.descale;
+  }
+}
+
 }  // namespace
 
 std::string ProblemSpec::describe() const {
@@ -85,11 +104,15 @@ std::string ProblemSpec::describe() const {
     text << "batch " << batch;
   text << ", heads " << heads << "/" << kv_heads;
   if (!is_varlen()) text << ", seqlen " << seqlen_q << "x" << seqlen_k;
-  text << ", head_dim " << head_dim << ", " << c10::toString(dtype) << (causal ? ", causal" : "");
+  text << ", head_dim " << head_dim << ", " << c10::toString(dtype);
+  if (is_fp8())
+    text << " (descale " << fp8_scaling_name(fp8_scaling) << ", output " << c10::toString(fp8_output_dtype) << ")";
+  text << (causal ? ", causal" : "");
   if (window_left >= 0 || window_right >= 0)
     text << ", window (" << window_left << ", " << window_right << ")";
   if (softmax_scale) text << ", softmax_scale " << *softmax_scale;
   if (qk_input_scale != 1.0) text << ", q and k scaled by " << qk_input_scale;
+  if (outliers) text << ", outlier channels 3-6 x20";
   if (softcap != 0.0) text << ", softcap " << softcap;
   if (alibi != Alibi::none) text << ", alibi " << (alibi == Alibi::per_head ? "per head" : "per batch entry and head");
   if (sinks) text << ", sinks";
@@ -97,16 +120,22 @@ std::string ProblemSpec::describe() const {
   return text.str();
 }
 
-AttentionOptions ProblemSpec::attention_options() const {
-  TORCH_CHECK(!modified(), "the problem has score modifications (", describe(),
-              "): its options come from attention_options(spec, inputs)");
+namespace {
+AttentionOptions mask_options(const ProblemSpec& spec) {
   AttentionOptions options;
-  options.causal = causal;
-  options.softmax_scale = softmax_scale;
-  options.kernel = kernel;
-  options.window_left = window_left;
-  options.window_right = window_right;
+  options.causal = spec.causal;
+  options.softmax_scale = spec.softmax_scale;
+  options.kernel = spec.kernel;
+  options.window_left = spec.window_left;
+  options.window_right = spec.window_right;
   return options;
+}
+}  // namespace
+
+AttentionOptions ProblemSpec::attention_options() const {
+  TORCH_CHECK(!modified() && !is_fp8(), "the problem has score modifications or e4m3 inputs (", describe(),
+              "): its options come from attention_options(spec, inputs)");
+  return mask_options(*this);
 }
 
 void draw_score_modifications(const ProblemSpec& spec, at::Device device, ProblemInputs& inputs, bool random) {
@@ -168,8 +197,13 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
   // MT19937 generator is the expensive part (seconds for the host generator).
   const int64_t q_count = count(q_shape);
   const int64_t kv_count = count(kv_shape);
-  const auto options = at::TensorOptions().dtype(spec.dtype).device(device);
-  const at::Tensor pool = random ? mt19937_normal({q_count + 2 * kv_count}, spec.seed, device).to(spec.dtype)
+  // e4m3: drawn in float32, quantized below.
+  const at::ScalarType drawn = spec.is_fp8() ? at::kFloat : spec.dtype;
+  TORCH_CHECK(!spec.is_fp8() || (!spec.is_varlen() && spec.layout == Layout::bshd),
+              "e4m3 problems are fixed-length with the bshd layout (the FP8 forward has no varlen path, and q, k "
+              "and v are quantized one by one); got ", spec.describe());
+  const auto options = at::TensorOptions().dtype(drawn).device(device);
+  const at::Tensor pool = random ? mt19937_normal({q_count + 2 * kv_count}, spec.seed, device).to(drawn)
                                  : at::empty({q_count + 2 * kv_count}, options);
   if (spec.layout == Layout::packed_qkv) {
     TORCH_CHECK(q_rows == k_rows, "packed-qkv layout needs equal query and key lengths; got ",
@@ -190,6 +224,9 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
     inputs.q.mul_(spec.qk_input_scale);
     inputs.k.mul_(spec.qk_input_scale);
   }
+  if (random && spec.outliers && spec.head_dim > 3)
+    for (const at::Tensor& x : {inputs.q, inputs.k, inputs.v}) x.narrow(-1, 3, std::min(4, spec.head_dim - 3)).mul_(20.0);
+  if (spec.is_fp8()) quantize_inputs(spec, inputs, random);
   draw_score_modifications(spec, device, inputs, random);
   return inputs;
 }
@@ -197,14 +234,16 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
 uint64_t sinks_seed(uint64_t seed) { return seed ^ 0x2545F4914F6CDD1DULL; }
 
 AttentionOptions attention_options(const ProblemSpec& spec, const ProblemInputs& inputs) {
-  ProblemSpec plain = spec;
-  plain.softcap = 0.0;
-  plain.alibi = ProblemSpec::Alibi::none;
-  plain.sinks = false;
-  AttentionOptions options = plain.attention_options();
+  AttentionOptions options = mask_options(spec);
   options.softcap = spec.softcap;
   options.alibi_slopes = inputs.alibi_slopes;
   options.sinks = inputs.sinks;
+  if (spec.is_fp8()) {
+    options.q_descale = inputs.q_descale;
+    options.k_descale = inputs.k_descale;
+    options.v_descale = inputs.v_descale;
+    options.output_dtype = spec.fp8_output_dtype;
+  }
   return options;
 }
 
@@ -290,7 +329,7 @@ ForwardOutputs poisoned_forward_outputs(const ProblemSpec& spec, const ProblemIn
   const std::vector<int64_t> lse_shape =
       spec.is_varlen() ? std::vector<int64_t>{spec.heads, inputs.q.size(0)}
                        : std::vector<int64_t>{spec.batch, spec.heads, spec.seqlen_q};
-  return {poisoned(inputs.q.sizes(), inputs.q.options()),
+  return {poisoned(inputs.q.sizes(), inputs.q.options().dtype(spec.output_dtype())),
           poisoned(lse_shape, inputs.q.options().dtype(at::kFloat))};
 }
 
@@ -313,6 +352,18 @@ ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs&
                : reference_attention(inputs.q, inputs.k, inputs.v, options);
   };
   ForwardReference reference;
+  if (spec.is_fp8()) {
+    // The dequantized values' attention in float64, and the FP8 path's own arithmetic.
+    const Fp8Tensor q = inputs.q8(), k = inputs.k8(), v = inputs.v8();
+    const at::Tensor qd = dequantize_e4m3(q, at::kDouble), kd = dequantize_e4m3(k, at::kDouble),
+                     vd = dequantize_e4m3(v, at::kDouble);
+    options.compute_dtype = at::kDouble;
+    reference.reference = reference_attention(qd, kd, vd, options);
+    options.compute_dtype = spec.fp8_output_dtype;
+    reference.same_precision = {fp8_path_attention(q, k, v, options, spec.fp8_output_dtype),
+                                reference_attention(qd, kd, vd, options).lse};
+    return reference;
+  }
   options.compute_dtype =
       (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
   reference.reference = run();
@@ -341,7 +392,7 @@ Tolerance tolerance_rule(const at::Tensor& reference, const at::Tensor& same_pre
 ForwardTolerance forward_tolerance(const ProblemSpec& spec, const ForwardReference& reference) {
   const ReferenceOutput& exact = reference.reference;
   const ReferenceOutput& same = reference.same_precision;
-  return {tolerance_rule(exact.out, same.out, fwd_atol(exact.out, spec.dtype)),
+  return {tolerance_rule(exact.out, same.out, fwd_atol(exact.out, spec.output_dtype())),
           // LSE is stored in float32: its rounding there is the atol.
           tolerance_rule(exact.lse, same.lse,
                          max_finite_abs_difference(exact.lse.to(at::kFloat), exact.lse))};
@@ -509,6 +560,7 @@ CheckResult forward_check_result(const std::string& name, const TileShape& tiles
   result.ref_err = tolerance.out.same_precision_err;
   result.storage_err = tolerance.out.rounding_atol;
   result.lse_checked = outputs.lse.defined();
+  result.fp8 = spec.is_fp8();
   if (result.lse_checked) {
     ForwardComparison comparison = compare_forward(spec, params, tiles, outputs, reference, tolerance);
     result.out = std::move(comparison.out);
@@ -554,7 +606,33 @@ struct ForwardCheck {
     result.kernel_ms =
         EventTimer().median_ms([&] { run_forward(kernel, spec, inputs, outputs); }, options.timed_launches);
   }
-  static void extras(Result&, const KernelVariant&, const Spec&, const Inputs&, const Run&, const Options&) {}
+  // e4m3: the kernel's output against float32 attention of the unquantized values,
+  // with the spec's scaling, then per-tensor and none (a plain cast) on the same values.
+  static void extras(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
+                     const Run& outputs, const Options&) {
+    if (!spec.is_fp8()) return;
+    ReferenceOptions options;
+    const AttentionParams params = forward_params(spec, inputs);
+    options.softmax_scale = params.softmax_scale;
+    options.window_left = params.window_left;
+    options.window_right = params.window_right;
+    const at::Tensor expected =
+        reference_attention(inputs.q_source, inputs.k_source, inputs.v_source, options).out;
+    Fp8Accuracy accuracy;
+    accuracy.outliers = spec.outliers;
+    accuracy.rows.push_back({spec.fp8_scaling, error_summary(outputs.out, expected)});
+    for (const Fp8Scaling scaling : {Fp8Scaling::per_head, Fp8Scaling::per_tensor, Fp8Scaling::none}) {
+      if (scaling == spec.fp8_scaling) continue;
+      Spec rescaled = spec;
+      rescaled.fp8_scaling = scaling;
+      Inputs requantized = inputs;
+      quantize_inputs(rescaled, requantized, /*random=*/true);  // from q_source, k_source, v_source
+      const ForwardOutputs again = poisoned_forward_outputs(rescaled, requantized);
+      run_forward(kernel, rescaled, requantized, again);
+      accuracy.rows.push_back({scaling, error_summary(again.out, expected)});
+    }
+    result.fp8_accuracy = accuracy;
+  }
 };
 
 }  // namespace
@@ -568,9 +646,15 @@ std::string CheckResult::format() const {
   text << std::setprecision(4);
   text << "kernel  " << kernel << " (tiles " << tiles.block_q << "x" << tiles.block_k << ")\n"
        << "problem " << problem << "\n"
-       << "torch same-precision math error " << ref_err << ", rounding atol " << storage_err
-       << " -> output tolerance " << out.tolerance << " (2 x math error + flash-attn's fwd_atol + 4 float32 ulps)\n"
+       << (fp8 ? "FP8 path error (e4m3 tensor-core q k^T, P x 2^8 rounded to e4m3; against float64 attention of "
+                 "the dequantized values) "
+               : "torch same-precision math error ")
+       << ref_err << ", rounding atol " << storage_err << " -> output tolerance " << out.tolerance
+       << (fp8 ? " (2 x FP8 path error + fwd_atol in the output dtype + 4 float32 ulps; lse: 2 x the error of "
+                 "torch's math in the output dtype)\n"
+               : " (2 x math error + flash-attn's fwd_atol + 4 float32 ulps)\n")
        << out.format() << (lse_checked ? lse.format() : "lse: not returned, not compared\n");
+  if (fp8_accuracy) text << fp8_accuracy->format();
   if (kernel_ms >= 0) text << "kernel time " << kernel_ms << " ms (median)\n";
   text << (passed() ? "PASSED" : "FAILED") << "\n";
   return text.str();
@@ -589,7 +673,8 @@ std::string CheckResult::to_json() const {
        << (lse_checked ? json::number(lse.max_abs_error) : "null")
        << ", \"lse_first_bad\": " << (lse_checked ? lse.first_bad_json() : "null")
        << ", \"block_q\": " << tiles.block_q << ", \"block_k\": " << tiles.block_k
-       << ", \"kernel_ms\": " << (kernel_ms >= 0 ? json::number(kernel_ms) : "null") << "}";
+       << ", \"kernel_ms\": " << (kernel_ms >= 0 ? json::number(kernel_ms) : "null")
+       << ", \"fp8_accuracy\": " << (fp8_accuracy ? fp8_accuracy->to_json() : "null") << "}";
   return text.str();
 }
 

@@ -40,8 +40,27 @@ void add_problem_options(ArgumentParser& parser, ProblemOptions& options) {
               [&](const std::string& v) { spec.seqlens_k = parse_int_list("--seqlens-k", v, 0, kIntMax); })
       .option("--head-dim", "D", "(default 64)",
               [&](const std::string& v) { spec.head_dim = parse_int("--head-dim", v, 1, kIntMax); })
-      .option("--dtype", "fp32|fp16|bf16", "(default fp16)",
+      .option("--dtype", "fp32|fp16|bf16|e4m3",
+              "(default fp16) e4m3: the FP8 forward; Q, K, V drawn in float32, then\nquantized "
+              "(--descale), output --out-dtype",
               [&](const std::string& v) { spec.dtype = parse_dtype("--dtype", v); })
+      .option("--descale", "per-head|per-tensor|none",
+              "e4m3: one factor amax / 448 per (batch, kv head) (FA3's descales;\ndefault), one per tensor, "
+              "or none (a plain cast)",
+              [&](const std::string& v) {
+                spec.fp8_scaling = parse_choice<Fp8Scaling>(
+                    "--descale", v,
+                    {{"per-head", Fp8Scaling::per_head}, {"per-tensor", Fp8Scaling::per_tensor}, {"none", Fp8Scaling::none}});
+                options.fp8_option_given = true;
+              })
+      .option("--out-dtype", "bf16|fp16", "e4m3: the output's dtype (default bf16)",
+              [&](const std::string& v) {
+                spec.fp8_output_dtype =
+                    parse_choice<at::ScalarType>("--out-dtype", v, {{"bf16", at::kBFloat16}, {"fp16", at::kHalf}});
+                options.fp8_option_given = true;
+              })
+      .flag("--outliers", "channels 3-6 of Q, K and V 20x larger (activations' outlier features)",
+            [&] { spec.outliers = true; })
       .flag("--causal", "bottom-right aligned causal mask", [&] { spec.causal = true; })
       .option("--window-left", "N", "sliding window, -1 = unbounded (default -1)",
               [&](const std::string& v) { spec.window_left = parse_int("--window-left", v, -1, kIntMax); })
@@ -97,6 +116,13 @@ void finish_problem_options(ProblemOptions& options) {
   } else if (spec.layout == Layout::packed_qkv && spec.seqlen_q != spec.seqlen_k) {
     throw ArgumentError("--layout packed-qkv needs --seqlen-q == --seqlen-k");
   }
+  if (options.fp8_option_given && !spec.is_fp8())
+    throw ArgumentError("--descale and --out-dtype go with --dtype e4m3 (the FP8 forward)");
+  if (spec.is_fp8() && spec.is_varlen())
+    throw ArgumentError("--dtype e4m3 takes a fixed-length batch: the FP8 forward has no varlen path");
+  if (spec.is_fp8() && spec.layout == Layout::packed_qkv)
+    throw ArgumentError("--dtype e4m3 takes the bshd layout (Q, K and V are quantized one by one), not --layout "
+                        "packed-qkv");
   if (spec.softcap < 0.0)
     throw ArgumentError("--softcap must be >= 0 (0 = off); got " + std::to_string(spec.softcap));
 }

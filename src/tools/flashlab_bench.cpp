@@ -5,7 +5,11 @@
 //
 // Own flags (Google Benchmark's --benchmark_* flags work as usual):
 //   --head-dims=64,128  --seqlens=1024,4096,16384  --tokens=32768 (batch = tokens / seqlen)
-//   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=fp32|fp16|bf16  --causal=both|on|off
+//   --model-dim=2048 (heads = model-dim / head_dim)  --dtype=fp32|fp16|bf16|e4m3  --causal=both|on|off
+//   --dtype=e4m3: every row in bf16 as usual, and each kernel with an FP8 forward also as
+//     NAME+e4m3: the same draws quantized to e4m3 with one descale per (batch, kv head)
+//     (FA3's), bf16 output, FLOPs counted as the bf16 rows'; "vs plain" is its time over
+//     NAME's bf16 row in the same run (forward only; torch's SDPA has no FP8 path)
 //   --kernels=all|name,name  --backends=all|flash,cudnn,efficient,math|none
 //   --direction=fwd|bwd|fwdbwd (a list times each): bwd times the backward
 //     alone, given the forward's saved out and lse (each implementation's own
@@ -99,6 +103,7 @@ struct BenchConfig {
   int tokens = 32768;
   int model_dim = 2048;
   at::ScalarType dtype = at::kBFloat16;
+  bool fp8 = false;  // --dtype=e4m3: NAME+e4m3 rows beside the bf16 ones
   std::vector<bool> causal = {false, true};
   std::vector<std::string> kernels;  // empty: all registered
   std::vector<std::string> backends = kBackends;
@@ -177,8 +182,14 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 config.model_dim = parse_int("--model-dim", v, 1, kIntMax);
                 forward_only.push_back("--model-dim");
               })
-      .option("--dtype", "fp32|fp16|bf16", "(default bf16)",
-              [&](const std::string& v) { config.dtype = flashlab::parse_dtype("--dtype", v); })
+      .option("--dtype", "fp32|fp16|bf16|e4m3",
+              "(default bf16) e4m3: bf16 rows, and kernels with an FP8 forward\nalso as NAME+e4m3 on the "
+              "same values quantized (forward only)",
+              [&](const std::string& v) {
+                config.dtype = flashlab::parse_dtype("--dtype", v);
+                config.fp8 = config.dtype == at::kFloat8_e4m3fn;
+                if (config.fp8) config.dtype = at::kBFloat16;
+              })
       .option("--causal", "both|on|off", "(default both)",
               [&](const std::string& v) {
                 config.causal = flashlab::parse_choice<std::vector<bool>>(
@@ -318,6 +329,9 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                                   " times forward problems; --decode takes --batches, --cache-lens, --heads");
   if (!config.decode && !decode_only.empty())
     throw flashlab::ArgumentError(decode_only.front() + " goes with --decode");
+  if (config.fp8 && (config.decode || config.sweep))
+    throw flashlab::ArgumentError("--dtype=e4m3 times the FP8 forward beside bf16; --decode and --sweep have no "
+                                  "FP8 rows");
   if (config.decode) {
     if (!head_dims_given) config.head_dims = {128};
     if (!config.backends_given) config.backends = kDecodeBackends;
@@ -470,8 +484,10 @@ std::string kernel_of(const std::string& implementation, bool* deterministic = n
   return name.substr(0, plus);
 }
 
-// The spec with --modifications' entry applied (softcap 30, ALiBi per head, sinks).
+// The spec with --modifications' entry applied (softcap 30, ALiBi per head, sinks),
+// or with e4m3 inputs (--dtype=e4m3's rows).
 ProblemSpec modified_spec(ProblemSpec spec, const std::string& modification) {
+  if (modification == "e4m3") spec.dtype = at::kFloat8_e4m3fn;
   if (modification == "softcap" || modification == "all") spec.softcap = 30.0;
   if (modification == "alibi" || modification == "all") spec.alibi = ProblemSpec::Alibi::per_head;
   if (modification == "sinks" || modification == "all") spec.sinks = true;
@@ -479,10 +495,17 @@ ProblemSpec modified_spec(ProblemSpec spec, const std::string& modification) {
 }
 
 // The case's inputs with the implementation's score modifications drawn
-// (slopes and sinks; Q, K, V shared with the other rows).
+// (slopes and sinks; Q, K, V shared with the other rows); for an e4m3 spec,
+// Q, K, V quantized from the case's values with their descales.
 flashlab::ProblemInputs modified_inputs(const ProblemSpec& spec, const flashlab::ProblemInputs& inputs) {
   flashlab::ProblemInputs modified = inputs;
   flashlab::draw_score_modifications(spec, inputs.q.device(), modified);
+  if (spec.is_fp8()) {
+    const auto quantized = [&](const at::Tensor& x) { return flashlab::quantize_e4m3(x, spec.kv_heads, spec.fp8_scaling); };
+    const flashlab::Fp8Tensor q = quantized(inputs.q), k = quantized(inputs.k), v = quantized(inputs.v);
+    modified.q = q.values, modified.k = k.values, modified.v = v.values;
+    modified.q_descale = q.descale, modified.k_descale = k.descale, modified.v_descale = v.descale;
+  }
   return modified;
 }
 
@@ -585,8 +608,9 @@ std::function<void()> make_call(const std::string& implementation, Direction dir
   if (flashlab::find_kernel(kernel_of(implementation, nullptr, &modification)) != nullptr) {
     // A registered kernel: the public call, validation and dispatch included.
     ProblemSpec named = modified_spec(spec, modification);
-    const flashlab::AttentionOptions options = flashlab::attention_options(named, modified_inputs(named, inputs));
-    return [=] { flashlab::attention_forward_into(inputs.q, inputs.k, inputs.v, out, lse, options); };
+    const flashlab::ProblemInputs called = modified_inputs(named, inputs);
+    const flashlab::AttentionOptions options = flashlab::attention_options(named, called);
+    return [=] { flashlab::attention_forward_into(called.q, called.k, called.v, out, lse, options); };
   }
   // A tuning configuration: the harness's entry (validates, then launches).
   const flashlab::KernelVariant* kernel = flashlab::find_any_kernel(implementation);
@@ -656,8 +680,11 @@ void print_summary(const BenchConfig& config) {
   // Backward directions: the deterministic rows' time over the default mode's.
   const bool backward = std::any_of(config.directions.begin(), config.directions.end(),
                                     [](Direction d) { return d != Direction::forward; });
-  std::printf("%-44s %-*s %10s %9s %7s %9s %9s%s\n", "case", width, "implementation", "median ms", "TFLOP/s",
-              "% peak", "vs flash", "vs cudnn", backward ? "   det/def" : "");
+  // NAME+modification and NAME+e4m3 rows: "vs plain", NAME's time over theirs.
+  const bool variants = std::any_of(measurements.begin(), measurements.end(),
+                                    [](const Measurement& m) { return m.implementation.find('+') != std::string::npos; });
+  std::printf("%-44s %-*s %10s %9s %7s %9s %9s%s%s\n", "case", width, "implementation", "median ms", "TFLOP/s",
+              "% peak", "vs flash", "vs cudnn", variants ? "  vs plain" : "", backward ? "   det/def" : "");
   for (const auto& case_name : case_order) {
     const auto& row = by_case[case_name];
     auto reference_ms = [&](const char* name) -> double {
@@ -672,7 +699,16 @@ void print_summary(const BenchConfig& config) {
                     m.error.substr(0, config.sweep ? 200 : 90).c_str());
         continue;
       }
-      char flash_ratio[16] = "-", cudnn_ratio[16] = "-", det_ratio[24] = "";
+      char flash_ratio[16] = "-", cudnn_ratio[16] = "-", det_ratio[24] = "", plain_ratio[24] = "";
+      if (variants) {
+        bool deterministic = false;
+        std::string modification;
+        const std::string kernel = kernel_of(m.implementation, &deterministic, &modification);
+        const double plain_ms =
+            modification.empty() ? 0 : reference_ms((kernel + (deterministic ? kDeterministicSuffix : "")).c_str());
+        if (plain_ms > 0) std::snprintf(plain_ratio, sizeof plain_ratio, " %9.2fx", plain_ms / m.median_ms);
+        else std::snprintf(plain_ratio, sizeof plain_ratio, " %9s", "-");
+      }
       if (flash_ms > 0) std::snprintf(flash_ratio, sizeof flash_ratio, "%.2fx", flash_ms / m.median_ms);
       if (cudnn_ms > 0) std::snprintf(cudnn_ratio, sizeof cudnn_ratio, "%.2fx", cudnn_ms / m.median_ms);
       if (backward) {
@@ -682,11 +718,15 @@ void print_summary(const BenchConfig& config) {
         if (default_ms > 0) std::snprintf(det_ratio, sizeof det_ratio, " %9.2fx", m.median_ms / default_ms);
         else std::snprintf(det_ratio, sizeof det_ratio, " %9s", "-");
       }
-      std::printf("%-44s %-*s %10.3f %9.1f %6.1f%% %9s %9s%s\n", case_name.c_str(), width, m.implementation.c_str(),
-                  m.median_ms, m.tflops, 100 * m.tflops / matmul_peak_tflops, flash_ratio, cudnn_ratio, det_ratio);
+      std::printf("%-44s %-*s %10.3f %9.1f %6.1f%% %9s %9s%s%s\n", case_name.c_str(), width, m.implementation.c_str(),
+                  m.median_ms, m.tflops, 100 * m.tflops / matmul_peak_tflops, flash_ratio, cudnn_ratio, plain_ratio,
+                  det_ratio);
     }
   }
   std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row)\n");
+  if (variants)
+    std::printf("vs plain: the time of the row's kernel without its +modification (or in bf16, for +e4m3) over the "
+                "row's; e4m3 rows count the bf16 rows' FLOPs, and %% peak is of the bf16 matmul rate\n");
   if (backward)
     std::printf("bwd: the backward alone, given the forward's out and lse; fwdbwd: both in one timed call; "
                 "TFLOP/s count 2.5x / 3.5x the forward's FLOPs; det/def: a deterministic row's time over "
@@ -1319,6 +1359,7 @@ int main(int argc, char** argv) {
       implementations.push_back(kernel.name);
       if (!forward) implementations.push_back(kernel.name + kDeterministicSuffix);
       for (const std::string& modification : config.modifications) implementations.push_back(kernel.name + "+" + modification);
+      if (forward && config.fp8) implementations.push_back(kernel.name + "+e4m3");  // kept where the kernel takes it
     }
     for (const auto& backend : config.backends)
       if (forward || std::find(kBackwardBackends.begin(), kBackwardBackends.end(), backend) != kBackwardBackends.end())

@@ -226,6 +226,12 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   flashlab::finish_problem_options(problem);
   if (spec.is_varlen() && (arguments.trace_tiles || arguments.memory))
     throw ArgumentError("--trace-tiles and --memory take fixed-length problems, not --seqlens");
+  if (spec.is_fp8() && (arguments.backward || arguments.kvcache || arguments.trace_tiles || arguments.memory))
+    throw ArgumentError("--dtype e4m3 is the FP8 forward: it goes with the forward check and --locate, not "
+                        "--backward, --kvcache, --trace-tiles or --memory");
+  if (spec.outliers && (arguments.kvcache || arguments.trace_tiles || arguments.memory))
+    throw ArgumentError("--outliers goes with the forward and --backward checks (the KV-cache, trace and memory "
+                        "runs draw plain inputs)");
   if (kvcache_option_given && !arguments.kvcache)
     throw ArgumentError("--cache-seqlens, --page-size, --num-splits, --append, --cpu-reference and --timeline go "
                         "with --kvcache");

@@ -31,6 +31,7 @@ INSTANTIATE_TEST_SUITE_P(SlidingWindow, Forward, ::testing::ValuesIn(window_case
 INSTANTIATE_TEST_SUITE_P(Varlen, Forward, ::testing::ValuesIn(varlen_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(LargeScores, Forward, ::testing::ValuesIn(large_score_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(ScoreModifications, Forward, ::testing::ValuesIn(score_modification_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Fp8, Forward, ::testing::ValuesIn(fp8_cases()), case_name);
 
 }  // namespace
 }  // namespace flashlab::testing

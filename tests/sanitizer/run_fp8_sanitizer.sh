@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer TOOL over the FP8 forward (issue 36): tests/sanitizer/fp8_cases.py through
-# flashlab's Python API (flashlab-run has no e4m3 yet), only flashlab's kernels instrumented (the
+# flashlab's Python API, only flashlab's kernels instrumented (the
 # forward and its V transpose). Fails when the tool reports any error, when a case fails, or when
 # the script does not finish; exit 77 (CTest: skipped) without compute-sanitizer, a GPU or
 # compute capability 9.0.

@@ -12,6 +12,7 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/harness/compare.h"
+#include "flashlab/harness/fp8.h"
 #include "flashlab/harness/reference.h"
 
 namespace flashlab {
@@ -45,12 +46,22 @@ struct ProblemSpec {
   Alibi alibi = Alibi::none;
   bool sinks = false;
   bool modified() const { return softcap != 0.0 || alibi != Alibi::none || sinks; }
+  // Channels 3..6 of Q, K and V 20x larger after drawing (activations' outlier
+  // features: what FP8's scaling has to cope with), any dtype.
+  bool outliers = false;
+  // FP8 (dtype Float8_e4m3fn, the e4m3 forward, fixed length and bshd only): Q, K,
+  // V are drawn in float32 (qk_input_scale and outliers applied), then quantized
+  // by fp8_scaling (harness/fp8.h); the output is fp8_output_dtype.
+  Fp8Scaling fp8_scaling = Fp8Scaling::per_head;
+  at::ScalarType fp8_output_dtype = at::kBFloat16;
+  bool is_fp8() const { return dtype == at::kFloat8_e4m3fn; }
+  at::ScalarType output_dtype() const { return is_fp8() ? fp8_output_dtype : dtype; }
 
   bool is_varlen() const { return !seqlens_q.empty(); }
   const std::vector<int>& key_seqlens() const { return seqlens_k.empty() ? seqlens_q : seqlens_k; }
   std::string describe() const;
-  // The options of a problem without score modifications (a modified one
-  // needs its inputs: attention_options(spec, inputs)).
+  // The options of a problem without score modifications or e4m3 inputs (those
+  // need their inputs: attention_options(spec, inputs)).
   AttentionOptions attention_options() const;
 };
 
@@ -62,6 +73,13 @@ struct ProblemInputs {
   int max_seqlen_q = 0, max_seqlen_k = 0;
   // ProblemSpec's score modifications, float32 on the inputs' device; undefined when off.
   at::Tensor alibi_slopes, sinks;
+  // e4m3 specs: q, k, v hold the e4m3 values; these their float32 (batch,
+  // kv_heads) descale factors and the float32 values they were quantized from.
+  at::Tensor q_descale, k_descale, v_descale;
+  at::Tensor q_source, k_source, v_source;
+  Fp8Tensor q8() const { return {q, q_descale}; }
+  Fp8Tensor k8() const { return {k, k_descale}; }
+  Fp8Tensor v8() const { return {v, v_descale}; }
 };
 
 // The options of spec with its inputs' score modifications.
@@ -128,7 +146,7 @@ AttentionParams forward_params(const ProblemSpec& spec, const ProblemInputs& inp
 at::Tensor poisoned(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 struct ForwardOutputs {
-  at::Tensor out;  // like q, contiguous
+  at::Tensor out;  // like q (e4m3: of the spec's output dtype), contiguous
   at::Tensor lse;  // float32 (batch, heads, seqlen_q), or (heads, total_q) for varlen
 };
 ForwardOutputs poisoned_forward_outputs(const ProblemSpec& spec, const ProblemInputs& inputs);
@@ -141,6 +159,9 @@ void run_forward(const KernelVariant& kernel, const ProblemSpec& spec, const Pro
 struct ForwardReference {
   ReferenceOutput reference;       // float32, or float64 for fp32 inputs / float64_reference
   ReferenceOutput same_precision;  // torch's math attention in the input dtype
+  // e4m3: reference is float64 attention of the dequantized values; same_precision's
+  // out is fp8_path_attention (the FP8 arithmetic), its lse torch's in the output's
+  // 16-bit dtype on the dequantized values.
 };
 // Softmax scale and window as the kernel sees them (from `params`).
 ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,
@@ -231,6 +252,10 @@ struct CheckResult {
   double storage_err = 0;  // flash-attn's fwd_atol: 2 max |((ref + 0.3) - 0.3) - ref| in the input dtype
   double kernel_ms = -1;   // median over the timed launches, when timed
   bool lse_checked = true;  // false: the code checked returned no LSE (forward_check_result)
+  // e4m3 problems: the same-precision path is the FP8 arithmetic (fp8_path_attention),
+  // and the extras step measures the accuracy against the unquantized values.
+  bool fp8 = false;
+  std::optional<Fp8Accuracy> fp8_accuracy;
   bool passed() const { return out.passed() && (!lse_checked || lse.passed()); }
   std::string format() const;
   std::string to_json() const;

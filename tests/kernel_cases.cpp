@@ -787,7 +787,8 @@ std::string flashlab_run_arguments(const ProblemSpec& spec) {
   if (spec.sinks) text << " --sinks";
   if (spec.outliers) text << " --outliers";
   if (spec.is_fp8())
-    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype " << dtype_label(spec.fp8_output_dtype);
+    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype " << dtype_label(spec.fp8_output_dtype)
+         << (spec.fp8_hadamard ? " --hadamard" : "");
   return text.str();
 }
 

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cmath>
 #include <iomanip>
 #include <limits>
+#include <random>
 #include <sstream>
 
 #include "flashlab/cuda_check.h"
@@ -101,12 +103,27 @@ Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scalin
   return {scaled.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous(), descale};
 }
 
+at::Tensor random_hadamard(int64_t head_dim, uint64_t seed, at::Device device) {
+  TORCH_CHECK(head_dim > 0 && (head_dim & (head_dim - 1)) == 0,
+              "random_hadamard: head_dim must be a power of two; got ", head_dim);
+  std::mt19937_64 signs(seed ^ 0x48414441u);
+  std::vector<float> entries(static_cast<size_t>(head_dim * head_dim));
+  std::vector<float> column_sign(static_cast<size_t>(head_dim));
+  for (float& sign : column_sign) sign = (signs() & 1) ? -1.0f : 1.0f;
+  const float norm = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int64_t row = 0; row < head_dim; ++row)
+    for (int64_t col = 0; col < head_dim; ++col)  // Sylvester: (-1)^popcount(row & col)
+      entries[row * head_dim + col] =
+          ((std::popcount(static_cast<uint64_t>(row & col)) & 1) ? -norm : norm) * column_sign[col];
+  return at::tensor(entries, at::kFloat).view({head_dim, head_dim}).to(device);
+}
+
 at::Tensor dequantize_e4m3(const Fp8Tensor& x, at::ScalarType dtype) {
   return x.values.to(dtype) * per_head_factors(x.descale, x.values.size(2), dtype);
 }
 
-at::Tensor fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v,
-                              const ReferenceOptions& options, at::ScalarType output_dtype) {
+ReferenceOutput fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v,
+                                   const ReferenceOptions& options, at::ScalarType output_dtype) {
   const int64_t seqlen_q = q.values.size(1), heads = q.values.size(2), seqlen_k = k.values.size(1);
   const at::Tensor values = dequantize_e4m3(v, at::kDouble).repeat_interleave(heads / v.values.size(2), 2);
   const at::Tensor visible = visibility_mask(seqlen_q, seqlen_k, options.window_left, options.window_right,
@@ -118,8 +135,10 @@ at::Tensor fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8T
   const at::Tensor p = at::exp(scores - row_max);
   const at::Tensor p_rounded = (p * kPScale).to(at::kFloat8_e4m3fn).to(at::kDouble);
   const at::Tensor out = at::einsum("bhqk,bkhd->bqhd", {p_rounded, values});
-  const at::Tensor denominator = (p.sum(-1, /*keepdim=*/true) * kPScale).transpose(1, 2);  // (B, Sq, H, 1)
-  return at::where(denominator > 0, out / denominator.clamp_min(1e-300), at::zeros_like(out)).to(output_dtype);
+  const at::Tensor row_sum = p.sum(-1, /*keepdim=*/true);                  // (B, H, Sq, 1)
+  const at::Tensor denominator = (row_sum * kPScale).transpose(1, 2);      // (B, Sq, H, 1)
+  return {at::where(denominator > 0, out / denominator.clamp_min(1e-300), at::zeros_like(out)).to(output_dtype),
+          (row_max + at::log(row_sum)).squeeze(-1)};  // log 0 = -inf for rows that see no key
 }
 
 ErrorSummary error_summary(const at::Tensor& actual, const at::Tensor& expected) {
@@ -141,10 +160,11 @@ std::string Fp8Accuracy::format() const {
   std::ostringstream text;
   text << std::setprecision(4) << "FP8 accuracy: out against float32 attention of the values before quantization"
        << (outliers ? " (with outlier channels)" : "") << ", the kernel run once per scaling\n"
-       << "  descale       RMSE          max |error|\n";
+       << "  descale                 RMSE          max |error|\n";
   for (size_t index = 0; index < rows.size(); ++index) {
     const Fp8AccuracyRow& row = rows[index];
-    text << "  " << std::left << std::setw(12) << fp8_scaling_name(row.scaling) << "  " << std::setw(12)
+    const std::string name = std::string(fp8_scaling_name(row.scaling)) + (row.hadamard ? " + Hadamard" : "");
+    text << "  " << std::left << std::setw(22) << name << "  " << std::setw(12)
          << row.error.rmse << "  " << std::setw(12) << row.error.max_abs << std::right;
     if (index == 0) text << "  (this problem's)";
     else if (rows[0].error.rmse > 0) text << "  RMSE " << row.error.rmse / rows[0].error.rmse << "x the first row's";
@@ -158,6 +178,7 @@ std::string Fp8Accuracy::to_json() const {
   text << "{\"outliers\": " << (outliers ? "true" : "false") << ", \"rows\": [";
   for (size_t index = 0; index < rows.size(); ++index)
     text << (index ? ", " : "") << "{\"descale\": " << json::string(fp8_scaling_name(rows[index].scaling))
+         << ", \"hadamard\": " << (rows[index].hadamard ? "true" : "false")
          << ", \"rmse\": " << json::number(rows[index].error.rmse)
          << ", \"max_abs_err\": " << json::number(rows[index].error.max_abs) << "}";
   text << "]}";

@@ -79,7 +79,7 @@ std::string run_options(const ProblemSpec& spec) {
   if (spec.outliers) text << " --outliers";
   if (spec.is_fp8())
     text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype "
-         << dtype_option(spec.fp8_output_dtype);
+         << dtype_option(spec.fp8_output_dtype) << (spec.fp8_hadamard ? " --hadamard" : "");
   if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
   text << " --seed " << spec.seed;
   return text.str();

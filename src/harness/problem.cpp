@@ -79,7 +79,11 @@ at::Tensor nonfinite_rows(const at::Tensor& block) { return at::isfinite(block).
 // Quantizes from q_source, k_source, v_source when set (requantizing), else from q, k, v.
 void quantize_inputs(const ProblemSpec& spec, ProblemInputs& inputs, bool random) {
   if (!inputs.q_source.defined()) inputs.q_source = inputs.q, inputs.k_source = inputs.k, inputs.v_source = inputs.v;
-  const at::Tensor sources[] = {inputs.q_source, inputs.k_source, inputs.v_source};
+  at::Tensor sources[] = {inputs.q_source, inputs.k_source, inputs.v_source};
+  if (spec.fp8_hadamard && random) {  // q R (k R)^T = q k^T
+    const at::Tensor rotation = random_hadamard(spec.head_dim, spec.seed, inputs.q_source.device());
+    sources[0] = at::matmul(sources[0], rotation), sources[1] = at::matmul(sources[1], rotation);
+  }
   at::Tensor* values[] = {&inputs.q, &inputs.k, &inputs.v};
   at::Tensor* descales[] = {&inputs.q_descale, &inputs.k_descale, &inputs.v_descale};
   for (int index = 0; index < 3; ++index) {
@@ -106,7 +110,8 @@ std::string ProblemSpec::describe() const {
   if (!is_varlen()) text << ", seqlen " << seqlen_q << "x" << seqlen_k;
   text << ", head_dim " << head_dim << ", " << c10::toString(dtype);
   if (is_fp8())
-    text << " (descale " << fp8_scaling_name(fp8_scaling) << ", output " << c10::toString(fp8_output_dtype) << ")";
+    text << " (descale " << fp8_scaling_name(fp8_scaling) << (fp8_hadamard ? ", Q and K Hadamard-rotated" : "")
+         << ", output " << c10::toString(fp8_output_dtype) << ")";
   text << (causal ? ", causal" : "");
   if (window_left >= 0 || window_right >= 0)
     text << ", window (" << window_left << ", " << window_right << ")";
@@ -360,8 +365,15 @@ ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs&
     options.compute_dtype = at::kDouble;
     reference.reference = reference_attention(qd, kd, vd, options);
     options.compute_dtype = spec.fp8_output_dtype;
-    reference.same_precision = {fp8_path_attention(q, k, v, options, spec.fp8_output_dtype),
-                                reference_attention(qd, kd, vd, options).lse};
+    const ReferenceOutput fp8_path = fp8_path_attention(q, k, v, options, spec.fp8_output_dtype);
+    const at::Tensor lse_16bit = reference_attention(qd, kd, vd, options).lse;
+    // The LSE's same-precision path: the FP8 arithmetic's (scores from the FP8 tensor
+    // cores' short accumulator) or torch's in the output dtype, whichever is further off.
+    const at::Tensor& exact_lse = reference.reference.lse;
+    reference.same_precision = {fp8_path.out, max_finite_abs_difference(fp8_path.lse, exact_lse) >=
+                                                      max_finite_abs_difference(lse_16bit, exact_lse)
+                                                  ? fp8_path.lse
+                                                  : lse_16bit};
     return reference;
   }
   options.compute_dtype =
@@ -620,16 +632,18 @@ struct ForwardCheck {
         reference_attention(inputs.q_source, inputs.k_source, inputs.v_source, options).out;
     Fp8Accuracy accuracy;
     accuracy.outliers = spec.outliers;
-    accuracy.rows.push_back({spec.fp8_scaling, error_summary(outputs.out, expected)});
-    for (const Fp8Scaling scaling : {Fp8Scaling::per_head, Fp8Scaling::per_tensor, Fp8Scaling::none}) {
-      if (scaling == spec.fp8_scaling) continue;
+    accuracy.rows.push_back({spec.fp8_scaling, spec.fp8_hadamard, error_summary(outputs.out, expected)});
+    const bool power_of_two = (spec.head_dim & (spec.head_dim - 1)) == 0;
+    for (const auto& [scaling, hadamard] : {std::pair{Fp8Scaling::per_head, false}, {Fp8Scaling::per_tensor, false},
+                                            {Fp8Scaling::none, false}, {Fp8Scaling::per_head, true}}) {
+      if ((scaling == spec.fp8_scaling && hadamard == spec.fp8_hadamard) || (hadamard && !power_of_two)) continue;
       Spec rescaled = spec;
-      rescaled.fp8_scaling = scaling;
+      rescaled.fp8_scaling = scaling, rescaled.fp8_hadamard = hadamard;
       Inputs requantized = inputs;
       quantize_inputs(rescaled, requantized, /*random=*/true);  // from q_source, k_source, v_source
       const ForwardOutputs again = poisoned_forward_outputs(rescaled, requantized);
       run_forward(kernel, rescaled, requantized, again);
-      accuracy.rows.push_back({scaling, error_summary(again.out, expected)});
+      accuracy.rows.push_back({scaling, hadamard, error_summary(again.out, expected)});
     }
     result.fp8_accuracy = accuracy;
   }

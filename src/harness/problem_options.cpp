@@ -59,6 +59,10 @@ void add_problem_options(ArgumentParser& parser, ProblemOptions& options) {
                     parse_choice<at::ScalarType>("--out-dtype", v, {{"bf16", at::kBFloat16}, {"fp16", at::kHalf}});
                 options.fp8_option_given = true;
               })
+      .flag("--hadamard",
+            "e4m3: Q and K times a random-sign Hadamard matrix (from the seed) before\nquantizing "
+            "(q k^T unchanged; FA3's incoherent processing); head_dim a power of two",
+            [&] { spec.fp8_hadamard = true, options.fp8_option_given = true; })
       .flag("--outliers", "channels 3-6 of Q, K and V 20x larger (activations' outlier features)",
             [&] { spec.outliers = true; })
       .flag("--causal", "bottom-right aligned causal mask", [&] { spec.causal = true; })
@@ -117,7 +121,10 @@ void finish_problem_options(ProblemOptions& options) {
     throw ArgumentError("--layout packed-qkv needs --seqlen-q == --seqlen-k");
   }
   if (options.fp8_option_given && !spec.is_fp8())
-    throw ArgumentError("--descale and --out-dtype go with --dtype e4m3 (the FP8 forward)");
+    throw ArgumentError("--descale, --out-dtype and --hadamard go with --dtype e4m3 (the FP8 forward)");
+  if (spec.fp8_hadamard && (spec.head_dim & (spec.head_dim - 1)) != 0)
+    throw ArgumentError("--hadamard needs a power-of-two --head-dim (Sylvester's construction); got " +
+                        std::to_string(spec.head_dim));
   if (spec.is_fp8() && spec.is_varlen())
     throw ArgumentError("--dtype e4m3 takes a fixed-length batch: the FP8 forward has no varlen path");
   if (spec.is_fp8() && spec.layout == Layout::packed_qkv)

@@ -73,19 +73,35 @@ TEST(Fp8PathAttention, DepartsFromTheReferenceOnlyByPsRounding) {
   options.compute_dtype = at::kDouble;
   const at::Tensor exact = reference_attention(dequantize_e4m3(q, at::kDouble), dequantize_e4m3(k, at::kDouble),
                                                dequantize_e4m3(v, at::kDouble), options).out;
-  const at::Tensor path = fp8_path_attention(q, k, v, options, at::kDouble);
+  const at::Tensor path = fp8_path_attention(q, k, v, options, at::kDouble).out;
   ASSERT_EQ(path.sizes(), exact.sizes());
   const double error = (path - exact).abs().max().item<double>();
   const double bound = kE4m3Rounding * dequantize_e4m3(v, at::kDouble).abs().max().item<double>();
   EXPECT_GT(error, 0.0);  // P was rounded
   EXPECT_LE(error, bound);
-  // A row that sees no key gives 0: a window that ends before the first key.
+  // Its LSE is the reference's up to float64 rounding: only P V rounds P.
+  const ReferenceOutput full = fp8_path_attention(q, k, v, options, at::kDouble);
+  const at::Tensor exact_lse = reference_attention(dequantize_e4m3(q, at::kDouble), dequantize_e4m3(k, at::kDouble),
+                                                   dequantize_e4m3(v, at::kDouble), options).lse;
+  EXPECT_TRUE(at::allclose(full.lse, exact_lse, 1e-12, 1e-12));
+  // A row that sees no key gives 0 and LSE -inf: a window that ends before the first key.
   options.window_left = 0, options.window_right = 0;
-  const at::Tensor short_q = q.values.narrow(1, 0, 24);
-  const at::Tensor few_keys = fp8_path_attention({short_q, q.descale}, {k.values.narrow(1, 0, 4), k.descale},
-                                                 {v.values.narrow(1, 0, 4), v.descale}, options, at::kDouble);
-  EXPECT_TRUE((few_keys.narrow(1, 0, 20) == 0).all().item<bool>());  // rows 0..19 map before key 0
-  EXPECT_FALSE((few_keys.narrow(1, 20, 4) == 0).all().item<bool>());
+  const ReferenceOutput few_keys = fp8_path_attention({q.values, q.descale}, {k.values.narrow(1, 0, 4), k.descale},
+                                                      {v.values.narrow(1, 0, 4), v.descale}, options, at::kDouble);
+  EXPECT_TRUE((few_keys.out.narrow(1, 0, 20) == 0).all().item<bool>());  // rows 0..19 map before key 0
+  EXPECT_FALSE((few_keys.out.narrow(1, 20, 4) == 0).all().item<bool>());
+  EXPECT_TRUE(std::isinf(few_keys.lse[0][0][0].item<double>()));
+}
+
+TEST(Fp8Quantize, RandomHadamardIsOrthogonalAndKeepsScores) {
+  const at::Tensor rotation = random_hadamard(32, testing::test_seed(), at::kCPU).to(at::kDouble);
+  EXPECT_TRUE(at::allclose(at::matmul(rotation, rotation.t()), at::eye(32, at::kDouble), 0, 1e-6));
+  EXPECT_TRUE((rotation.abs() - 1 / std::sqrt(32.0)).abs().max().item<double>() < 1e-7);
+  EXPECT_FALSE(at::equal(rotation, random_hadamard(32, testing::test_seed() + 1, at::kCPU).to(at::kDouble)));
+  // An outlier channel spreads over every channel: the largest |value| drops.
+  const at::Tensor x = outlier_values(testing::test_seed()).to(at::kDouble);
+  EXPECT_LT(at::matmul(x, rotation).abs().max().item<double>(), 0.5 * x.abs().max().item<double>());
+  EXPECT_THROW(random_hadamard(48, 0, at::kCPU), c10::Error);
 }
 
 TEST(Fp8ErrorSummary, IsRootMeanSquareAndLargestOverFiniteReference) {
@@ -144,11 +160,13 @@ TEST(Fp8Problem, OptionsSayWhatGoesWithE4m3) {
       EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
     }
   };
-  refused({"--descale", "none"}, "--descale and --out-dtype go with --dtype e4m3");
-  refused({"--out-dtype", "fp16", "--dtype", "bf16"}, "--descale and --out-dtype go with --dtype e4m3");
+  refused({"--descale", "none"}, "go with --dtype e4m3");
+  refused({"--out-dtype", "fp16", "--dtype", "bf16"}, "go with --dtype e4m3");
   refused({"--dtype", "e4m3", "--seqlens", "3,4"}, "the FP8 forward has no varlen path");
   refused({"--dtype", "e4m3", "--layout", "packed-qkv"}, "takes the bshd layout");
   refused({"--dtype", "e4m3", "--descale", "per-row"}, "per-head, per-tensor, none");
+  refused({"--hadamard"}, "go with --dtype e4m3");
+  refused({"--dtype", "e4m3", "--hadamard", "--head-dim", "96"}, "--hadamard needs a power-of-two --head-dim");
   const ProblemSpec spec =
       parse_problem({"--dtype", "e4m3", "--descale", "per-tensor", "--out-dtype", "fp16", "--outliers"},
                     "flashlab-run", false);

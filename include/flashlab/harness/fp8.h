@@ -30,6 +30,12 @@ struct Fp8Tensor {
 
 // x (batch, seqlen, heads, head_dim), any float dtype, heads a multiple of kv_heads.
 Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scaling);
+
+// A random-sign Hadamard matrix (head_dim x head_dim, float32, orthogonal): Sylvester's
+// matrix with column signs from `seed`, over sqrt(head_dim); head_dim a power of two.
+// Q and K multiplied by it before quantizing leave q k^T unchanged and spread an outlier
+// channel over all of them (FA3's incoherent processing; flashlab.fp8.random_hadamard).
+at::Tensor random_hadamard(int64_t head_dim, uint64_t seed, at::Device device);
 // values * descale (each query head its kv head's factor), in `dtype`.
 at::Tensor dequantize_e4m3(const Fp8Tensor& x, at::ScalarType dtype);
 
@@ -41,9 +47,10 @@ at::Tensor dequantize_e4m3(const Fp8Tensor& x, at::ScalarType dtype);
 //   kFp8PExponent), the row sum from the unrounded p; V dequantized.
 // Its error against reference_attention of the dequantized values is what the
 // format costs; the kernel is held to twice it. Masks as ReferenceOptions says;
-// rows that see no key give 0. Returns (batch, seqlen_q, heads, head_dim).
-at::Tensor fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v,
-                              const ReferenceOptions& options, at::ScalarType output_dtype);
+// rows that see no key give 0 and LSE -inf. Returns out (batch, seqlen_q, heads,
+// head_dim) in output_dtype and the LSE of those scores (batch, heads, seqlen_q), float64.
+ReferenceOutput fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v,
+                                   const ReferenceOptions& options, at::ScalarType output_dtype);
 
 // Root-mean-square and largest |actual - expected| over the finite expected
 // elements (NaN/inf in actual count as infinite error).
@@ -56,6 +63,7 @@ ErrorSummary error_summary(const at::Tensor& actual, const at::Tensor& expected)
 // quantization, for each scaling (the asked one first): what the descales buy.
 struct Fp8AccuracyRow {
   Fp8Scaling scaling = Fp8Scaling::per_head;
+  bool hadamard = false;  // Q and K rotated by random_hadamard before quantizing
   ErrorSummary error;
 };
 struct Fp8Accuracy {

@@ -54,6 +54,9 @@ struct ProblemSpec {
   // by fp8_scaling (harness/fp8.h); the output is fp8_output_dtype.
   Fp8Scaling fp8_scaling = Fp8Scaling::per_head;
   at::ScalarType fp8_output_dtype = at::kBFloat16;
+  // Q and K multiplied by random_hadamard(head_dim, seed) before quantizing (q k^T
+  // unchanged; FA3's incoherent processing for outlier channels).
+  bool fp8_hadamard = false;
   bool is_fp8() const { return dtype == at::kFloat8_e4m3fn; }
   at::ScalarType output_dtype() const { return is_fp8() ? fp8_output_dtype : dtype; }
 

@@ -18,13 +18,13 @@ struct ProblemOptions {
   bool kv_heads_given = false, seqlen_q_given = false, seqlen_k_given = false;
   bool seed_given = false;
   bool fixed_length_given = false;  // --batch, --seqlen-q or --seqlen-k
-  bool fp8_option_given = false;    // --descale or --out-dtype (they go with --dtype e4m3)
+  bool fp8_option_given = false;    // --descale, --out-dtype or --hadamard (they go with --dtype e4m3)
 };
 
 // Registers --batch, --heads, --kv-heads, --seqlen-q, --seqlen-k, --seqlens,
 // --seqlens-k, --head-dim, --dtype, --causal, --window-left, --window-right,
 // --softmax-scale, --softcap, --alibi, --sinks, --outliers, --descale,
-// --out-dtype, --seed, --layout and --float64-reference on `parser`, writing into `options` (which must outlive
+// --out-dtype, --hadamard, --seed, --layout and --float64-reference on `parser`, writing into `options` (which must outlive
 // the parse). --kernel is the tool's.
 void add_problem_options(ArgumentParser& parser, ProblemOptions& options);
 

@@ -664,8 +664,8 @@ std::string CheckResult::format() const {
                  "the dequantized values) "
                : "torch same-precision math error ")
        << ref_err << ", rounding atol " << storage_err << " -> output tolerance " << out.tolerance
-       << (fp8 ? " (2 x FP8 path error + fwd_atol in the output dtype + 4 float32 ulps; lse: 2 x the error of "
-                 "torch's math in the output dtype)\n"
+       << (fp8 ? " (2 x FP8 path error + fwd_atol in the output dtype + 4 float32 ulps; lse: 2 x the larger error "
+                 "of the FP8 path's and torch's math in the output dtype)\n"
                : " (2 x math error + flash-attn's fwd_atol + 4 float32 ulps)\n")
        << out.format() << (lse_checked ? lse.format() : "lse: not returned, not compared\n");
   if (fp8_accuracy) text << fp8_accuracy->format();

@@ -332,6 +332,10 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
   if (config.fp8 && (config.decode || config.sweep))
     throw flashlab::ArgumentError("--dtype=e4m3 times the FP8 forward beside bf16; --decode and --sweep have no "
                                   "FP8 rows");
+  if (config.fp8 && std::find(config.directions.begin(), config.directions.end(), Direction::forward) ==
+                        config.directions.end())
+    throw flashlab::ArgumentError("--dtype=e4m3 adds forward rows (the FP8 path has no backward); give "
+                                  "--direction with fwd");
   if (config.decode) {
     if (!head_dims_given) config.head_dims = {128};
     if (!config.backends_given) config.backends = kDecodeBackends;

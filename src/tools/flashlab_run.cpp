@@ -229,9 +229,9 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   if (spec.is_fp8() && (arguments.backward || arguments.kvcache || arguments.trace_tiles || arguments.memory))
     throw ArgumentError("--dtype e4m3 is the FP8 forward: it goes with the forward check and --locate, not "
                         "--backward, --kvcache, --trace-tiles or --memory");
-  if (spec.outliers && (arguments.kvcache || arguments.trace_tiles || arguments.memory))
-    throw ArgumentError("--outliers goes with the forward and --backward checks (the KV-cache, trace and memory "
-                        "runs draw plain inputs)");
+  if (spec.outliers && arguments.kvcache)
+    throw ArgumentError("--outliers goes with the forward and --backward checks, --trace-tiles and --memory "
+                        "(--kvcache draws its caches its own way)");
   if (kvcache_option_given && !arguments.kvcache)
     throw ArgumentError("--cache-seqlens, --page-size, --num-splits, --append, --cpu-reference and --timeline go "
                         "with --kvcache");

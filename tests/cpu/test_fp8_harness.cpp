@@ -66,7 +66,9 @@ TEST(Fp8PathAttention, DepartsFromTheReferenceOnlyByPsRounding) {
   const uint64_t seed = testing::test_seed() + 2;
   const Fp8Tensor q = quantize_e4m3(outlier_values(seed), 2, Fp8Scaling::per_head);
   const Fp8Tensor k = quantize_e4m3(outlier_values(seed + 1).narrow(2, 0, 2), 2, Fp8Scaling::per_head);
-  const Fp8Tensor v = quantize_e4m3(outlier_values(seed + 2).narrow(2, 0, 2), 2, Fp8Scaling::per_head);
+  // V without the outlier channel: the bound below is 1/16 of its largest value.
+  at::manual_seed(seed + 2);
+  const Fp8Tensor v = quantize_e4m3(at::randn({2, 24, 2, 32}, at::kFloat), 2, Fp8Scaling::per_head);
   ReferenceOptions options;
   options.softmax_scale = 1 / std::sqrt(32.0);
   options.window_left = 5, options.window_right = 0;  // causal with a window: some keys masked
@@ -149,6 +151,25 @@ TEST(Fp8Problem, InputsAreQuantizedDrawsWithTheirFactorsAndOptions) {
   EXPECT_TRUE((shapes.q_descale == 1).all().item<bool>());
   EXPECT_EQ(unsupported_reason(*find_kernel("fa3_wgmma_sm90"), spec, 90), "");
   EXPECT_NE(unsupported_reason(*find_kernel("fa2_mma_sm80"), spec, 90).find("e4m3"), std::string::npos);
+}
+
+TEST(Fp8Problem, HadamardRotatesWhatIsQuantizedNotTheSources) {
+  ProblemSpec spec = fp8_spec();
+  spec.head_dim = 32;  // a power of two
+  const ProblemInputs plain = make_inputs(spec, at::kCPU);
+  spec.fp8_hadamard = true;
+  const ProblemInputs rotated = make_inputs(spec, at::kCPU);
+  EXPECT_TRUE(at::equal(rotated.q_source, plain.q_source));  // the same draw, unrotated
+  EXPECT_FALSE(at::equal(rotated.q.to(at::kFloat), plain.q.to(at::kFloat)));
+  // (q R)(k R)^T = q k^T: the dequantized rotated values' scores are the sources' up to e4m3's rounding.
+  const auto scores = [](const at::Tensor& q, const at::Tensor& k) {
+    return at::einsum("bqhd,bkhd->bhqk", {q.to(at::kDouble), k.to(at::kDouble).repeat_interleave(2, 2)});
+  };
+  const at::Tensor exact = scores(rotated.q_source, rotated.k_source);
+  const at::Tensor quantized = scores(dequantize_e4m3(rotated.q8(), at::kDouble), dequantize_e4m3(rotated.k8(), at::kDouble));
+  const double scale = exact.abs().max().item<double>();
+  EXPECT_LT((quantized - exact).abs().max().item<double>(), 0.2 * scale);
+  EXPECT_GT((quantized - exact).abs().max().item<double>(), 0.0);
 }
 
 TEST(Fp8Problem, OptionsSayWhatGoesWithE4m3) {

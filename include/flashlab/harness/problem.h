@@ -256,7 +256,7 @@ struct CheckResult {
   double kernel_ms = -1;   // median over the timed launches, when timed
   bool lse_checked = true;  // false: the code checked returned no LSE (forward_check_result)
   // e4m3 problems: the same-precision path is the FP8 arithmetic (fp8_path_attention),
-  // and the extras step measures the accuracy against the unquantized values.
+  // and a timed check's extras step measures the accuracy against the unquantized values.
   bool fp8 = false;
   std::optional<Fp8Accuracy> fp8_accuracy;
   bool passed() const { return out.passed() && (!lse_checked || lse.passed()); }

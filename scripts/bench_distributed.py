@@ -65,6 +65,12 @@ Fields (one record per (seqlen, causal, direction, scheme) in --json, rows of th
                    or failing) | error (ring/ulysses raised), with "reason".
 The JSON is {"header": {world size, device, torch version, dtype, shapes, git commit, ...},
 "records": [...]}.
+
+--profile DIR: after each measurement, one more step under torch.profiler on every rank
+(CPU and, on GPUs, CUDA activity: every kernel on every stream, NCCL's included), written as
+DIR/<case>_<scheme>.rank<R>.json (a Chrome trace: chrome://tracing or ui.perfetto.dev) and
+DIR/<case>_<scheme>.rank<R>.txt (the operators and kernels by self time, top 25). The single-GPU
+baseline's are <case>_single. For finding where a scheme loses against the baseline.
 """
 from __future__ import annotations
 
@@ -178,6 +184,9 @@ def build_parser():
                         help="process group timeout in minutes: a rank left waiting (e.g. after a lone "
                              "out-of-memory error) fails after it instead of hanging (default 10)")
     parser.add_argument("--json", metavar="OUT", default=None, help="write the header and every record to OUT")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="also profile one step of each measurement (torch.profiler) into DIR: a Chrome "
+                             "trace and a table of the kernels by self time, per rank")
     return parser
 
 
@@ -486,10 +495,27 @@ def free_memory(env):
         torch.cuda.empty_cache()
 
 
-def run_measurement(prepare, args, env, failure_status):
+def profile_step(step, args, env, label):
+    """One more step under torch.profiler (after a barrier): the Chrome trace and the
+    self-time table to args.profile/<label>.rank<R>.{json,txt}."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if env.is_cuda else [])
+    barrier(env)
+    with profile(activities=activities) as profiler:
+        step()
+        if env.is_cuda:
+            torch.cuda.synchronize()
+    base = Path(args.profile) / f"{label}.rank{env.rank}"
+    profiler.export_chrome_trace(str(base) + ".json")
+    sort_by = "self_cuda_time_total" if env.is_cuda else "self_cpu_time_total"
+    Path(str(base) + ".txt").write_text(profiler.key_averages().table(sort_by=sort_by, row_limit=25) + "\n")
+
+
+def run_measurement(prepare, args, env, failure_status, label=None):
     """Runs prepare's step on every rank; every rank returns the same outcome:
     {"status", "reason", "time_ms" (max over ranks), "time_ms_per_rank", "peak_mem_gib",
-    "layout", "notes"}. A failure that is not out-of-memory gets `failure_status`."""
+    "layout", "notes"}. A failure that is not out-of-memory gets `failure_status`.
+    With --profile, one more step is profiled under `label` (profile_step)."""
     free_memory(env)
     if env.is_cuda:
         torch.cuda.reset_peak_memory_stats(env.device)
@@ -498,6 +524,8 @@ def run_measurement(prepare, args, env, failure_status):
         with contextlib.ExitStack() as stack:
             step, local["layout"], local["notes"] = prepare(stack)
             local["time_ms"] = median_step_ms(step, args, env)
+            if args.profile and label:
+                profile_step(step, args, env, label)
     except Exception as error:  # noqa: BLE001 (recorded; the benchmark goes on)
         local["status"] = "oom" if is_out_of_memory(error) else failure_status
         local["reason"] = one_line(error)
@@ -625,14 +653,17 @@ def run(args, env):
     records, reasons = [], {}  # reasons: failure text -> its number
     total = len(cases) * len(args.schemes)
     done = 0
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     for case in cases:
         rows = case.seqlen // env.world
+        case_label = f"L{case.seqlen}_{'causal' if case.causal else 'full'}_{case.direction}"
         single = {"status": "skipped", "reason": f"seqlen {case.seqlen} is not divisible by the world size "
                                                  f"{env.world}", "time_ms": None}
         single_tflops = None
         if case.seqlen % env.world == 0:
             single = run_measurement(lambda stack: prepare_single(stack, case, args, env, block_ops, generator),
-                                     args, env, failure_status="error")
+                                     args, env, failure_status="error", label=f"{case_label}_single")
             if single["status"] == "ok":
                 single_tflops = attention_flops(args.batch, args.heads, rows, args.head_dim, case.causal,
                                                 case.direction) / (single["time_ms"] * 1e-3) / 1e12
@@ -644,11 +675,11 @@ def run(args, env):
                 outcome = {"status": "skipped", "reason": reason, "time_ms": None, "time_ms_per_rank": None,
                            "peak_mem_gib": None, "layout": None, "notes": ""}
             elif scheme.startswith("torch_cp"):
-                outcome = run_torch_cp(scheme, case, args, env, torch_cp, generator)
+                outcome = run_torch_cp(scheme, case, args, env, torch_cp, generator, f"{case_label}_{scheme}")
             else:
                 outcome = run_measurement(
                     lambda stack: prepare_flashlab_scheme(stack, scheme, case, args, env, block_ops, generator),
-                    args, env, failure_status="error")
+                    args, env, failure_status="error", label=f"{case_label}_{scheme}")
             record = {"seqlen": case.seqlen, "causal": case.causal, "direction": case.direction, "scheme": scheme,
                       "world_size": env.world, "batch": args.batch, "heads": args.heads, "kv_heads": args.kv_heads,
                       "head_dim": args.head_dim, "dtype": args.dtype, "shard_seqlen": rows, "flops": flops,
@@ -675,14 +706,14 @@ def run(args, env):
         print(f"wrote {args.json}", flush=True)
 
 
-def run_torch_cp(scheme, case, args, env, torch_cp, generator):
+def run_torch_cp(scheme, case, args, env, torch_cp, generator, label=None):
     """torch's context parallel: a failure is a skip with its reason; when enable_gqa
     fails, once more with k, v repeated to H heads."""
     prepare = lambda expand: (lambda stack: prepare_torch_cp(stack, scheme, case, args, env,  # noqa: E731
                                                              torch_cp, expand, generator))
-    outcome = run_measurement(prepare(False), args, env, failure_status="skipped")
+    outcome = run_measurement(prepare(False), args, env, failure_status="skipped", label=label)
     if outcome["status"] == "skipped" and args.kv_heads != args.heads and not torch_cp.missing:
-        retry = run_measurement(prepare(True), args, env, failure_status="skipped")
+        retry = run_measurement(prepare(True), args, env, failure_status="skipped", label=label)
         if retry["status"] != "skipped":
             return retry
         outcome["reason"] += f"; with k, v repeated to H heads: {retry['reason']}"

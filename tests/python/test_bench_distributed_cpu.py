@@ -17,7 +17,7 @@ SEQLENS = (64, 128)
 SCHEMES = ("ring", "ulysses", "torch_cp_cudnn")
 
 
-def _run_bench(json_path):
+def _run_bench(json_path, seqlens=SEQLENS, schemes=SCHEMES, extra=()):
     env = dict(os.environ)
     # The package from the source tree (FLASHLAB_OPS_LIBRARY, when set, names the extension,
     # as for every test here); one thread a process: the two ranks share the machine.
@@ -26,8 +26,8 @@ def _run_bench(json_path):
     env["OMP_NUM_THREADS"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
                "--device", "cpu", "--block-ops", "reference", "--dtype", "fp32",
-               "--seqlens", ",".join(map(str, SEQLENS)), "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-               "--iters", "2", "--warmup", "1", "--schemes", ",".join(SCHEMES), "--json", str(json_path)]
+               "--seqlens", ",".join(map(str, seqlens)), "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+               "--iters", "2", "--warmup", "1", "--schemes", ",".join(schemes), "--json", str(json_path), *extra]
     return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -62,3 +62,19 @@ def test_bench_distributed_runs_on_cpu_and_writes_one_record_per_case(tmp_path):
         else:  # torch's context parallel, where it cannot run: skipped with the reason
             assert r["status"] == "skipped" and r["reason"], f"{case}: {r['status']}: {r['reason']}"
             assert r["time_ms"] is None
+
+
+def test_bench_distributed_profile_writes_a_trace_and_a_table_per_rank(tmp_path):
+    profile_dir = tmp_path / "profile"
+    result = _run_bench(tmp_path / "bench.json", seqlens=(64,), schemes=("ring",),
+                        extra=("--causal", "yes", "--directions", "fwd", "--profile", str(profile_dir)))
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr[-6000:]}"
+    for label in ("L64_causal_fwd_single", "L64_causal_fwd_ring"):
+        for rank in (0, 1):
+            trace = json.loads((profile_dir / f"{label}.rank{rank}.json").read_text())
+            assert trace["traceEvents"], f"{label} rank {rank}: an empty trace"
+            table = (profile_dir / f"{label}.rank{rank}.txt").read_text()
+            assert "Self CPU" in table, table
+    # The ring's step ran its collectives (gloo) and the blocks' math; the baseline did not communicate.
+    ring_table = (profile_dir / "L64_causal_fwd_ring.rank0.txt").read_text()
+    assert "gloo" in ring_table or "isend" in ring_table or "recv" in ring_table.lower(), ring_table

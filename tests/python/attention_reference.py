@@ -126,13 +126,16 @@ E4M3 = torch.float8_e4m3fn
 FP8_P_SCALE = 256.0
 
 
-def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, products=None):
+def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale=None, products=None,
+                           return_lse=False):
     """The FP8 forward's own arithmetic on dequantized q, k, v (float64): P = exp(s -
     max) x FP8_P_SCALE rounded to e4m3 for P V, the row sum from the unrounded P. Its
     error against attention_ref of the same inputs is what the format costs; the
     kernel is held to twice it. products: q k^T (batch, heads, seqlen_q, seqlen_k) as
     computed elsewhere (the GPU tests: on the FP8 tensor cores, whose accumulator keeps
-    fewer bits than float32), else exact. Returns out (batch, seqlen_q, heads, d)."""
+    fewer bits than float32), else exact. Returns out (batch, seqlen_q, heads, d); with
+    return_lse, (out, lse (batch, heads, seqlen_q)), the LSE of those scores (-inf for rows
+    that see no key)."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
     k = k.repeat_interleave(heads // kv_heads, dim=2)
@@ -150,4 +153,7 @@ def fp8_emulated_attention(q, k, v, causal=False, window=(-1, -1), softmax_scale
     p_rounded = (p * FP8_P_SCALE).to(E4M3).to(p.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", p_rounded, v)
     denominator = (row_sum * FP8_P_SCALE).transpose(1, 2)  # (batch, seqlen_q, heads, 1)
-    return torch.where(denominator > 0, out / denominator.clamp_min(1e-300), torch.zeros_like(out))
+    out = torch.where(denominator > 0, out / denominator.clamp_min(1e-300), torch.zeros_like(out))
+    if return_lse:
+        return out, (row_max + torch.log(row_sum)).squeeze(-1)
+    return out

@@ -75,6 +75,10 @@ def test_bench_distributed_profile_writes_a_trace_and_a_table_per_rank(tmp_path)
             assert trace["traceEvents"], f"{label} rank {rank}: an empty trace"
             table = (profile_dir / f"{label}.rank{rank}.txt").read_text()
             assert "Self CPU" in table, table
-    # The ring's step ran its collectives (gloo) and the blocks' math; the baseline did not communicate.
-    ring_table = (profile_dir / "L64_causal_fwd_ring.rank0.txt").read_text()
-    assert "gloo" in ring_table or "isend" in ring_table or "recv" in ring_table.lower(), ring_table
+    # The ring's step sent and received K/V (its trace holds every operator; the table only the top 25);
+    # the single-GPU baseline communicated nothing.
+    def names(label):
+        trace = json.loads((profile_dir / f"{label}.rank0.json").read_text())
+        return {str(event.get("name", "")) for event in trace["traceEvents"]}
+    assert any("send" in name for name in names("L64_causal_fwd_ring")), sorted(names("L64_causal_fwd_ring"))
+    assert not any("c10d::send" in name for name in names("L64_causal_fwd_single"))

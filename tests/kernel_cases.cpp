@@ -6,7 +6,9 @@
 #include <sstream>
 #include <utility>
 
+#include "flashlab/harness/arguments.h"
 #include "flashlab/harness/backward_check.h"
+#include "flashlab/harness/problem_options.h"
 
 namespace flashlab::testing {
 namespace {
@@ -112,9 +114,7 @@ void PrintTo(const KernelCase& kernel_case, std::ostream* stream) {
   *stream << kernel_case.kernel << ": " << kernel_case.spec.describe();
 }
 
-const char* dtype_label(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : dtype == at::kFloat8_e4m3fn ? "e4m3" : "bf16";
-}
+const char* dtype_label(at::ScalarType dtype) { return dtype_argument(dtype); }
 
 const std::vector<int>& probe_head_dims() {
   // 160, 192 and 224 are taken by no kernel today: they are here so that a
@@ -639,6 +639,13 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
   return cases;
 }
 
+// fp8_scaling_name as a GoogleTest name part (letters, digits, underscores).
+std::string scaling_label(Fp8Scaling scaling) {
+  std::string name = fp8_scaling_name(scaling);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels) {
   struct Fp8Shape {
     int head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads;
@@ -676,9 +683,7 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
                        "e4m3_d" + std::to_string(shape.head_dim) + "_b" + std::to_string(shape.batch) +
                            seqlen_label(shape.seqlen_q, shape.seqlen_k) + "_kv" + std::to_string(shape.kv_heads) +
                            masks_label(spec) + (shape.outliers ? "_outliers" : "") + "_descale_" +
-                           (shape.scaling == kPerHead ? "per_head"
-                            : shape.scaling == Fp8Scaling::per_tensor ? "per_tensor" : "none") +
-                           "_out_" + dtype_label(shape.output),
+                           scaling_label(shape.scaling) + "_out_" + dtype_label(shape.output),
                        spec, compute_capability);
     }
   return cases;
@@ -761,36 +766,7 @@ std::vector<KernelCase> backward_score_modification_cases(int compute_capability
   return modification_cases(compute_capability, kernels, /*backward=*/true);
 }
 
-std::string flashlab_run_arguments(const ProblemSpec& spec) {
-  const auto join = [](const std::vector<int>& lengths) {
-    std::string text;
-    for (const int length : lengths) text += (text.empty() ? "" : ",") + std::to_string(length);
-    return text;
-  };
-  std::ostringstream text;
-  text << "--kernel " << spec.kernel;
-  if (spec.is_varlen())
-    text << " --seqlens " << join(spec.seqlens_q) << " --seqlens-k " << join(spec.key_seqlens());
-  else
-    text << " --batch " << spec.batch << " --seqlen-q " << spec.seqlen_q << " --seqlen-k "
-         << spec.seqlen_k;
-  text << " --heads " << spec.heads << " --kv-heads " << spec.kv_heads << " --head-dim "
-       << spec.head_dim << " --dtype " << dtype_label(spec.dtype);
-  if (spec.causal) text << " --causal";
-  if (spec.window_left >= 0) text << " --window-left " << spec.window_left;
-  if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
-  if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
-  if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
-  if (spec.softcap != 0.0) text << " --softcap " << spec.softcap;
-  if (spec.alibi != ProblemSpec::Alibi::none)
-    text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
-  if (spec.sinks) text << " --sinks";
-  if (spec.outliers) text << " --outliers";
-  if (spec.is_fp8())
-    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype " << dtype_label(spec.fp8_output_dtype)
-         << (spec.fp8_hadamard ? " --hadamard" : "");
-  return text.str();
-}
+std::string flashlab_run_arguments(const ProblemSpec& spec) { return problem_arguments(spec); }
 
 std::string flashlab_run_arguments(const KernelCase& kernel_case) {
   return flashlab_run_arguments(kernel_case.spec) + (kernel_case.backward ? " --backward" : "") +

@@ -167,6 +167,16 @@ void check_choices(std::string_view option, const std::vector<std::string>& name
   }
 }
 
+const char* dtype_argument(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "fp32";
+    case at::kHalf: return "fp16";
+    case at::kBFloat16: return "bf16";
+    case at::kFloat8_e4m3fn: return "e4m3";
+    default: TORCH_CHECK(false, "no --dtype value for ", dtype, "; accepted: fp32, fp16, bf16, e4m3");
+  }
+}
+
 at::ScalarType parse_dtype(std::string_view option, const std::string& text) {
   return parse_choice<at::ScalarType>(option, text,
                                       {{"fp32", at::kFloat}, {"fp16", at::kHalf}, {"bf16", at::kBFloat16},

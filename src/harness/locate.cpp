@@ -1,6 +1,7 @@
 #include "flashlab/harness/locate.h"
 
 #include "flashlab/harness/backward_check.h"
+#include "flashlab/harness/problem_options.h"
 
 #include <ATen/ATen.h>
 
@@ -16,15 +17,6 @@ std::string join(const std::vector<int>& values, const char* separator = ",") {
   std::string text;
   for (const int value : values) text += (text.empty() ? "" : separator) + std::to_string(value);
   return text;
-}
-
-std::string dtype_option(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kFloat8_e4m3fn: return "e4m3";
-    default: return "fp16";
-  }
 }
 
 std::string triple(const int (&values)[3]) {
@@ -56,33 +48,7 @@ std::string threads_text(const std::vector<RegisterSlot>& slots) {
 }  // namespace
 
 std::string run_options(const ProblemSpec& spec) {
-  std::ostringstream text;
-  text << "--kernel " << spec.kernel;
-  if (spec.is_varlen()) {
-    text << " --seqlens " << join(spec.seqlens_q);
-    if (!spec.seqlens_k.empty() && spec.seqlens_k != spec.seqlens_q)
-      text << " --seqlens-k " << join(spec.seqlens_k);
-  } else {
-    text << " --batch " << spec.batch << " --seqlen-q " << spec.seqlen_q << " --seqlen-k "
-         << spec.seqlen_k;
-  }
-  text << " --heads " << spec.heads << " --kv-heads " << spec.kv_heads << " --head-dim "
-       << spec.head_dim << " --dtype " << dtype_option(spec.dtype);
-  if (spec.causal) text << " --causal";
-  if (spec.window_left >= 0) text << " --window-left " << spec.window_left;
-  if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
-  if (spec.softmax_scale) text << std::setprecision(9) << " --softmax-scale " << *spec.softmax_scale;
-  if (spec.softcap != 0.0) text << std::setprecision(9) << " --softcap " << spec.softcap;
-  if (spec.alibi != ProblemSpec::Alibi::none)
-    text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
-  if (spec.sinks) text << " --sinks";
-  if (spec.outliers) text << " --outliers";
-  if (spec.is_fp8())
-    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype "
-         << dtype_option(spec.fp8_output_dtype) << (spec.fp8_hadamard ? " --hadamard" : "");
-  if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
-  text << " --seed " << spec.seed;
-  return text.str();
+  return problem_arguments(spec) + " --seed " + std::to_string(spec.seed);
 }
 
 int marker_line(const std::string& source, const std::string& marker, int offset) {

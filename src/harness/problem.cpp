@@ -74,28 +74,6 @@ at::Tensor row_block(const at::Tensor& tensor, int64_t batch, int64_t row0, int6
 // Per row of a (count, heads, D) block: whether any value is NaN/inf, (count, heads).
 at::Tensor nonfinite_rows(const at::Tensor& block) { return at::isfinite(block).logical_not().any(-1); }
 
-// e4m3 specs: q, k, v (float32 as drawn) become their e4m3 values and descales;
-// without values (random = false) uninitialized e4m3 tensors and descales of 1.
-// Quantizes from q_source, k_source, v_source when set (requantizing), else from q, k, v.
-void quantize_inputs(const ProblemSpec& spec, ProblemInputs& inputs, bool random) {
-  if (!inputs.q_source.defined()) inputs.q_source = inputs.q, inputs.k_source = inputs.k, inputs.v_source = inputs.v;
-  at::Tensor sources[] = {inputs.q_source, inputs.k_source, inputs.v_source};
-  if (spec.fp8_hadamard && random) {  // q R (k R)^T = q k^T
-    const at::Tensor rotation = random_hadamard(spec.head_dim, spec.seed, inputs.q_source.device());
-    sources[0] = at::matmul(sources[0], rotation), sources[1] = at::matmul(sources[1], rotation);
-  }
-  at::Tensor* values[] = {&inputs.q, &inputs.k, &inputs.v};
-  at::Tensor* descales[] = {&inputs.q_descale, &inputs.k_descale, &inputs.v_descale};
-  for (int index = 0; index < 3; ++index) {
-    const at::Tensor& source = sources[index];
-    const Fp8Tensor quantized =
-        random ? quantize_e4m3(source, spec.kv_heads, spec.fp8_scaling)
-               : Fp8Tensor{at::empty(source.sizes(), source.options().dtype(at::kFloat8_e4m3fn)),
-                           at::ones({spec.batch, spec.kv_heads}, source.options())};
-    *values[index] = quantized.values;
-    *descales[index] = quantized.descale;
-  }
-}
 
 }  // namespace
 
@@ -236,6 +214,27 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
   return inputs;
 }
 
+void quantize_inputs(const ProblemSpec& spec, ProblemInputs& inputs, bool random) {
+  if (!inputs.q_source.defined()) inputs.q_source = inputs.q, inputs.k_source = inputs.k, inputs.v_source = inputs.v;
+  at::Tensor sources[] = {inputs.q_source.to(at::kFloat), inputs.k_source.to(at::kFloat),
+                          inputs.v_source.to(at::kFloat)};
+  if (spec.fp8_hadamard && random) {  // q R (k R)^T = q k^T
+    const at::Tensor rotation = random_hadamard(spec.head_dim, spec.seed, inputs.q_source.device());
+    sources[0] = at::matmul(sources[0], rotation), sources[1] = at::matmul(sources[1], rotation);
+  }
+  at::Tensor* values[] = {&inputs.q, &inputs.k, &inputs.v};
+  at::Tensor* descales[] = {&inputs.q_descale, &inputs.k_descale, &inputs.v_descale};
+  for (int index = 0; index < 3; ++index) {
+    const at::Tensor& source = sources[index];
+    const Fp8Tensor quantized =
+        random ? quantize_e4m3(source, spec.kv_heads, spec.fp8_scaling)
+               : Fp8Tensor{at::empty(source.sizes(), source.options().dtype(at::kFloat8_e4m3fn)),
+                           at::ones({spec.batch, spec.kv_heads}, source.options())};
+    *values[index] = quantized.values;
+    *descales[index] = quantized.descale;
+  }
+}
+
 uint64_t sinks_seed(uint64_t seed) { return seed ^ 0x2545F4914F6CDD1DULL; }
 
 AttentionOptions attention_options(const ProblemSpec& spec, const ProblemInputs& inputs) {
@@ -343,13 +342,22 @@ void run_forward(const KernelVariant& kernel, const ProblemSpec& spec, const Pro
   run_kernel(kernel, forward_params(spec, inputs, outputs.out, outputs.lse));
 }
 
-ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,
+namespace {
+// The reference's scale, window and modifications as the kernel sees them (from `params`).
+ReferenceOptions reference_options(const ProblemSpec& spec, const ProblemInputs& inputs,
                                    const AttentionParams& params) {
   ReferenceOptions options;
   options.softmax_scale = params.softmax_scale;
   options.window_left = params.window_left;
   options.window_right = params.window_right;
   options.modification = reference_modification(spec, inputs);
+  return options;
+}
+}  // namespace
+
+ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,
+                                   const AttentionParams& params) {
+  ReferenceOptions options = reference_options(spec, inputs, params);
   const auto run = [&] {
     return spec.is_varlen()
                ? reference_attention_varlen(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
@@ -625,11 +633,7 @@ struct ForwardCheck {
   static void extras(Result& result, const KernelVariant& kernel, const Spec& spec, const Inputs& inputs,
                      const Run& outputs, const Options& check_options) {
     if (!spec.is_fp8() || check_options.timed_launches <= 0) return;
-    ReferenceOptions options;
-    const AttentionParams params = forward_params(spec, inputs);
-    options.softmax_scale = params.softmax_scale;
-    options.window_left = params.window_left;
-    options.window_right = params.window_right;
+    const ReferenceOptions options = reference_options(spec, inputs, forward_params(spec, inputs));
     const at::Tensor expected =
         reference_attention(inputs.q_source, inputs.k_source, inputs.v_source, options).out;
     Fp8Accuracy accuracy;

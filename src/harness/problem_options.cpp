@@ -1,13 +1,48 @@
 #include "flashlab/harness/problem_options.h"
 
+#include <iomanip>
 #include <limits>
 #include <random>
+#include <sstream>
 
 namespace flashlab {
 
 namespace {
 constexpr int kIntMax = std::numeric_limits<int>::max();
+
+std::string comma_list(const std::vector<int>& values) {
+  std::string text;
+  for (const int value : values) text += (text.empty() ? "" : ",") + std::to_string(value);
+  return text;
+}
 }  // namespace
+
+std::string problem_arguments(const ProblemSpec& spec) {
+  std::ostringstream text;
+  text << std::setprecision(9) << "--kernel " << spec.kernel;
+  if (spec.is_varlen()) {
+    text << " --seqlens " << comma_list(spec.seqlens_q);
+    if (!spec.seqlens_k.empty() && spec.seqlens_k != spec.seqlens_q) text << " --seqlens-k " << comma_list(spec.seqlens_k);
+  } else {
+    text << " --batch " << spec.batch << " --seqlen-q " << spec.seqlen_q << " --seqlen-k " << spec.seqlen_k;
+  }
+  text << " --heads " << spec.heads << " --kv-heads " << spec.kv_heads << " --head-dim " << spec.head_dim
+       << " --dtype " << dtype_argument(spec.dtype);
+  if (spec.causal) text << " --causal";
+  if (spec.window_left >= 0) text << " --window-left " << spec.window_left;
+  if (spec.window_right >= 0) text << " --window-right " << spec.window_right;
+  if (spec.softmax_scale) text << " --softmax-scale " << *spec.softmax_scale;
+  if (spec.softcap != 0.0) text << " --softcap " << spec.softcap;
+  if (spec.alibi != ProblemSpec::Alibi::none)
+    text << " --alibi " << (spec.alibi == ProblemSpec::Alibi::per_head ? "per-head" : "per-batch");
+  if (spec.sinks) text << " --sinks";
+  if (spec.outliers) text << " --outliers";
+  if (spec.is_fp8())
+    text << " --descale " << fp8_scaling_name(spec.fp8_scaling) << " --out-dtype "
+         << dtype_argument(spec.fp8_output_dtype) << (spec.fp8_hadamard ? " --hadamard" : "");
+  if (spec.layout == Layout::packed_qkv) text << " --layout packed-qkv";
+  return text.str();
+}
 
 void add_problem_options(ArgumentParser& parser, ProblemOptions& options) {
   ProblemSpec& spec = options.spec;

@@ -80,10 +80,6 @@ std::string list_json(const std::vector<int>& values) {
   return out + "]";
 }
 
-const char* dtype_name(at::ScalarType dtype) {
-  return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : "bf16";
-}
-
 // The problem as resolved: what the options left to defaults, the softmax
 // scale and window as the kernels see them, the sequences' lengths.
 std::string describe_json(const ProblemSpec& spec, const ProblemInputs& inputs) {
@@ -93,7 +89,7 @@ std::string describe_json(const ProblemSpec& spec, const ProblemInputs& inputs) 
        << ", \"dout_seed\": " << dout_seed(spec.seed) << ", \"batch\": " << spec.batch
        << ", \"heads\": " << spec.heads << ", \"kv_heads\": " << spec.kv_heads
        << ", \"seqlen_q\": " << spec.seqlen_q << ", \"seqlen_k\": " << spec.seqlen_k
-       << ", \"head_dim\": " << spec.head_dim << ", \"dtype\": \"" << dtype_name(spec.dtype) << "\""
+       << ", \"head_dim\": " << spec.head_dim << ", \"dtype\": \"" << dtype_argument(spec.dtype) << "\""
        << ", \"causal\": " << (spec.causal ? "true" : "false") << ", \"window_left\": " << spec.window_left
        << ", \"window_right\": " << spec.window_right << ", \"softmax_scale\": " << params.softmax_scale
        << ", \"layout\": \"" << (spec.layout == Layout::bshd ? "bshd" : "packed-qkv") << "\""

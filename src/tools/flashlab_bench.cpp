@@ -504,12 +504,7 @@ ProblemSpec modified_spec(ProblemSpec spec, const std::string& modification) {
 flashlab::ProblemInputs modified_inputs(const ProblemSpec& spec, const flashlab::ProblemInputs& inputs) {
   flashlab::ProblemInputs modified = inputs;
   flashlab::draw_score_modifications(spec, inputs.q.device(), modified);
-  if (spec.is_fp8()) {
-    const auto quantized = [&](const at::Tensor& x) { return flashlab::quantize_e4m3(x, spec.kv_heads, spec.fp8_scaling); };
-    const flashlab::Fp8Tensor q = quantized(inputs.q), k = quantized(inputs.k), v = quantized(inputs.v);
-    modified.q = q.values, modified.k = k.values, modified.v = v.values;
-    modified.q_descale = q.descale, modified.k_descale = k.descale, modified.v_descale = v.descale;
-  }
+  if (spec.is_fp8()) flashlab::quantize_inputs(spec, modified);
   return modified;
 }
 

@@ -89,7 +89,9 @@ T parse_choice(std::string_view option, const std::string& text,
 void check_choices(std::string_view option, const std::vector<std::string>& names,
                    const std::vector<std::string>& accepted);
 
-// fp32, fp16, bf16 -> at::kFloat, at::kHalf, at::kBFloat16.
+// fp32, fp16, bf16, e4m3 -> at::kFloat, at::kHalf, at::kBFloat16, at::kFloat8_e4m3fn.
 at::ScalarType parse_dtype(std::string_view option, const std::string& text);
+// The inverse: the --dtype value of a dtype parse_dtype accepts.
+const char* dtype_argument(at::ScalarType dtype);
 
 }  // namespace flashlab

@@ -89,6 +89,12 @@ struct ProblemInputs {
 AttentionOptions attention_options(const ProblemSpec& spec, const ProblemInputs& inputs);
 // The reference's modification for spec and its inputs.
 ScoreModification reference_modification(const ProblemSpec& spec, const ProblemInputs& inputs);
+// An e4m3 spec's inputs: q_source, k_source, v_source (set from q, k, v when
+// undefined: the values as drawn) quantized by the spec's fp8_scaling (and
+// fp8_hadamard) into q, k, v and their descales; with random = false, uninitialized
+// e4m3 tensors and descales of 1 (shapes only). make_inputs calls it; the accuracy
+// report and flashlab-bench's +e4m3 rows requantize with it.
+void quantize_inputs(const ProblemSpec& spec, ProblemInputs& inputs, bool random = true);
 // The sinks' MT19937 stream: apart from Q, K, V's and dout's.
 uint64_t sinks_seed(uint64_t seed);
 

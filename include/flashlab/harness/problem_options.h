@@ -35,6 +35,11 @@ void add_problem_options(ArgumentParser& parser, ProblemOptions& options);
 // 0). Throws ArgumentError.
 void finish_problem_options(ProblemOptions& options);
 
+// The problem options that give `spec` back through parse_problem (kernel,
+// shape, dtype, masks, modifications, FP8 quantization, layout; no --seed).
+// flashlab-run command lines: --locate's recipes, the sanitizer's case list.
+std::string problem_arguments(const ProblemSpec& spec);
+
 // A problem from problem options alone ("--batch", "2", "--causal", ...), as
 // flashlab-run reads them. Throws ArgumentError (unknown options included;
 // with require_seed, a missing --seed: callers that parse the same options

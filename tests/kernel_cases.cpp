@@ -686,6 +686,27 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
                            scaling_label(shape.scaling) + "_out_" + dtype_label(shape.output),
                        spec, compute_capability);
     }
+  // Variable-length batches (per-sequence descales; V^T regions padded to 16 keys):
+  // empty sequences, queries without keys, short ones, per head dim.
+  struct Fp8Varlen {
+    int lengths, head_dim, kv_heads;
+    bool causal, outliers;
+  };
+  const std::vector<Fp8Varlen> packed = {
+      {0, 128, 2, false, false}, {1, 128, 2, true, false}, {3, 128, 1, false, true},
+      {4, 128, 2, true, false},  {5, 128, 4, false, false}, {1, 256, 2, false, true},
+  };
+  for (const auto& kernel : kernels)
+    for (const Fp8Varlen& entry : packed) {
+      const Lengths& lengths = varlen_lengths()[entry.lengths];
+      ProblemSpec spec = varlen_spec(lengths, at::kFloat8_e4m3fn, entry.kv_heads, entry.causal);
+      spec.head_dim = entry.head_dim;
+      spec.outliers = entry.outliers;
+      add_if_supported(cases, kernel,
+                       "e4m3_varlen_" + lengths.label + "_d" + std::to_string(entry.head_dim) + "_kv" +
+                           std::to_string(entry.kv_heads) + masks_label(spec) + (entry.outliers ? "_outliers" : ""),
+                       spec, compute_capability);
+    }
   return cases;
 }
 

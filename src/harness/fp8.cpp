@@ -19,9 +19,22 @@ namespace {
 constexpr double kE4m3Max = 448.0;  // e4m3's largest finite value
 constexpr double kPScale = 256.0;   // the kernel's P x 2^kFp8PExponent before rounding to e4m3
 
-// (batch, kv_heads) float32 factors to (batch, 1, heads, 1) in `dtype`, each query head its kv head's.
-at::Tensor per_head_factors(const at::Tensor& descale, int64_t heads, at::ScalarType dtype) {
-  return descale.to(dtype).repeat_interleave(heads / descale.size(1), 1).unsqueeze(1).unsqueeze(-1);
+// The sequences' lengths of packed rows (cu_seqlens on the host, int64).
+at::Tensor sequence_lengths(const at::Tensor& cu_seqlens) {
+  const at::Tensor offsets = cu_seqlens.to(at::kCPU, at::kLong);
+  return offsets.narrow(0, 1, offsets.size(0) - 1) - offsets.narrow(0, 0, offsets.size(0) - 1);
+}
+
+// x's (batch, kv_heads) float32 factors, each query head its kv head's, in `dtype`,
+// shaped to multiply x's values: (batch, 1, heads, 1), or (total, heads, 1) packed.
+at::Tensor per_head_factors(const at::Tensor& descale, const at::Tensor& cu_seqlens, int64_t heads,
+                            int64_t rows, at::ScalarType dtype) {
+  const at::Tensor per_head = descale.to(dtype).repeat_interleave(heads / descale.size(1), 1);
+  if (!cu_seqlens.defined()) return per_head.unsqueeze(1).unsqueeze(-1);
+  const at::Tensor lengths = sequence_lengths(cu_seqlens);
+  TORCH_CHECK(lengths.sum().item<int64_t>() == rows, "packed e4m3 values have ", rows,
+              " rows; cu_seqlens covers ", lengths.sum().item<int64_t>());
+  return per_head.repeat_interleave(lengths.to(per_head.device()), 0, rows).unsqueeze(-1);
 }
 
 // A (rows, D) e4m3 matrix with its rows padded by zeros to a multiple of 16 (_scaled_mm's rule).
@@ -77,21 +90,41 @@ const char* fp8_scaling_name(Fp8Scaling scaling) {
   return "?";
 }
 
-Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scaling) {
-  TORCH_CHECK(x.dim() == 4 && kv_heads > 0 && x.size(2) % kv_heads == 0,
-              "quantize_e4m3: x must be (batch, seqlen, heads, head_dim) with heads a multiple of kv_heads ",
-              kv_heads, "; got shape ", x.sizes());
-  const int64_t batch = x.size(0), heads = x.size(2);
+Fp8Tensor Fp8Tensor::sequence(int64_t index, int64_t start, int64_t length) const {
+  return {values.narrow(0, start, length).unsqueeze(0), descale.narrow(0, index, 1), at::Tensor()};
+}
+
+Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scaling, const at::Tensor& cu_seqlens) {
+  const bool packed = cu_seqlens.defined();
+  const int64_t head_axis = packed ? 1 : 2;
+  TORCH_CHECK(x.dim() == (packed ? 3 : 4) && kv_heads > 0 && x.size(head_axis) % kv_heads == 0,
+              "quantize_e4m3: x must be ", packed ? "(total, heads, head_dim) with cu_seqlens" : "(batch, seqlen, heads, head_dim)",
+              " with heads a multiple of kv_heads ", kv_heads, "; got shape ", x.sizes());
+  const int64_t heads = x.size(head_axis), head_dim = x.size(-1);
+  const int64_t batch = packed ? cu_seqlens.size(0) - 1 : x.size(0);
   const auto float32 = x.options().dtype(at::kFloat);
   const at::Tensor values = x.to(at::kFloat);
+  // The largest |value| of each kv head's query heads over rows (batch, rows, heads, head_dim).
+  const auto head_amax = [&](const at::Tensor& rows) {
+    return rows.abs().reshape({rows.size(0), rows.size(1), kv_heads, heads / kv_heads, head_dim}).amax({1, 3, 4});
+  };
   at::Tensor descale;
   switch (scaling) {
     case Fp8Scaling::per_head:
-      descale = values.abs()
-                    .reshape({batch, x.size(1), kv_heads, heads / kv_heads, x.size(3)})
-                    .amax({1, 3, 4})
-                    .clamp_min(std::numeric_limits<float>::min()) /
-                kE4m3Max;
+      if (packed) {  // a row a sequence; an empty one keeps 0 (then 1 below: nothing to scale)
+        descale = at::zeros({batch, kv_heads}, float32);
+        const at::Tensor lengths = sequence_lengths(cu_seqlens);
+        int64_t start = 0;
+        for (int64_t b = 0; b < batch; ++b) {
+          const int64_t length = lengths[b].item<int64_t>();
+          if (length > 0) descale[b].copy_(head_amax(values.narrow(0, start, length).unsqueeze(0))[0]);
+          start += length;
+        }
+        descale = at::where(descale > 0, descale, at::full_like(descale, kE4m3Max));
+      } else {
+        descale = head_amax(values);
+      }
+      descale = descale.clamp_min(std::numeric_limits<float>::min()) / kE4m3Max;
       break;
     case Fp8Scaling::per_tensor:
       descale = (values.abs().amax().clamp_min(std::numeric_limits<float>::min()) / kE4m3Max).expand({batch, kv_heads});
@@ -99,8 +132,8 @@ Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scalin
     case Fp8Scaling::none: descale = at::ones({batch, kv_heads}, float32); break;
   }
   descale = descale.to(at::kFloat).contiguous();
-  const at::Tensor scaled = values / per_head_factors(descale, heads, at::kFloat);
-  return {scaled.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous(), descale};
+  const at::Tensor scaled = values / per_head_factors(descale, cu_seqlens, heads, x.size(0), at::kFloat);
+  return {scaled.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn).contiguous(), descale, cu_seqlens};
 }
 
 at::Tensor random_hadamard(int64_t head_dim, uint64_t seed, at::Device device) {
@@ -119,11 +152,22 @@ at::Tensor random_hadamard(int64_t head_dim, uint64_t seed, at::Device device) {
 }
 
 at::Tensor dequantize_e4m3(const Fp8Tensor& x, at::ScalarType dtype) {
-  return x.values.to(dtype) * per_head_factors(x.descale, x.values.size(2), dtype);
+  return x.values.to(dtype) *
+         per_head_factors(x.descale, x.cu_seqlens, x.values.size(x.packed() ? 1 : 2), x.values.size(0), dtype);
 }
 
 ReferenceOutput fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v,
                                    const ReferenceOptions& options, at::ScalarType output_dtype) {
+  if (q.packed()) {
+    TORCH_CHECK(k.packed() && v.packed(), "fp8_path_attention: q is packed (cu_seqlens), so k and v must be too");
+    return packed_attention(
+        q.cu_seqlens, k.cu_seqlens, q.values.sizes(), q.values.options().dtype(output_dtype),
+        q.values.options().dtype(at::kDouble), at::Tensor(),
+        [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+          return fp8_path_attention(q.sequence(sequence, q_start, seqlen_q), k.sequence(sequence, k_start, seqlen_k),
+                                    v.sequence(sequence, k_start, seqlen_k), options, output_dtype);
+        });
+  }
   const int64_t seqlen_q = q.values.size(1), heads = q.values.size(2), seqlen_k = k.values.size(1);
   const at::Tensor values = dequantize_e4m3(v, at::kDouble).repeat_interleave(heads / v.values.size(2), 2);
   const at::Tensor visible = visibility_mask(seqlen_q, seqlen_k, options.window_left, options.window_right,

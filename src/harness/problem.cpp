@@ -182,9 +182,8 @@ ProblemInputs make_inputs(const ProblemSpec& spec, at::Device device, bool rando
   const int64_t kv_count = count(kv_shape);
   // e4m3: drawn in float32, quantized below.
   const at::ScalarType drawn = spec.is_fp8() ? at::kFloat : spec.dtype;
-  TORCH_CHECK(!spec.is_fp8() || (!spec.is_varlen() && spec.layout == Layout::bshd),
-              "e4m3 problems are fixed-length with the bshd layout (the FP8 forward has no varlen path, and q, k "
-              "and v are quantized one by one); got ", spec.describe());
+  TORCH_CHECK(!spec.is_fp8() || spec.layout == Layout::bshd,
+              "e4m3 problems have the bshd layout (q, k and v are quantized one by one); got ", spec.describe());
   const auto options = at::TensorOptions().dtype(drawn).device(device);
   const at::Tensor pool = random ? mt19937_normal({q_count + 2 * kv_count}, spec.seed, device).to(drawn)
                                  : at::empty({q_count + 2 * kv_count}, options);
@@ -224,12 +223,14 @@ void quantize_inputs(const ProblemSpec& spec, ProblemInputs& inputs, bool random
   }
   at::Tensor* values[] = {&inputs.q, &inputs.k, &inputs.v};
   at::Tensor* descales[] = {&inputs.q_descale, &inputs.k_descale, &inputs.v_descale};
+  const at::Tensor* offsets[] = {&inputs.cu_seqlens_q, &inputs.cu_seqlens_k, &inputs.cu_seqlens_k};
+  const int64_t batches = spec.is_varlen() ? static_cast<int64_t>(spec.seqlens_q.size()) : spec.batch;
   for (int index = 0; index < 3; ++index) {
     const at::Tensor& source = sources[index];
     const Fp8Tensor quantized =
-        random ? quantize_e4m3(source, spec.kv_heads, spec.fp8_scaling)
+        random ? quantize_e4m3(source, spec.kv_heads, spec.fp8_scaling, *offsets[index])
                : Fp8Tensor{at::empty(source.sizes(), source.options().dtype(at::kFloat8_e4m3fn)),
-                           at::ones({spec.batch, spec.kv_heads}, source.options())};
+                           at::ones({batches, spec.kv_heads}, source.options())};
     *values[index] = quantized.values;
     *descales[index] = quantized.descale;
   }
@@ -353,17 +354,19 @@ ReferenceOptions reference_options(const ProblemSpec& spec, const ProblemInputs&
   options.modification = reference_modification(spec, inputs);
   return options;
 }
+
+// The reference attention of (q, k, v) laid out as `inputs` (packed rows for varlen).
+ReferenceOutput reference_of(const ProblemSpec& spec, const ProblemInputs& inputs, const at::Tensor& q,
+                             const at::Tensor& k, const at::Tensor& v, const ReferenceOptions& options) {
+  return spec.is_varlen() ? reference_attention_varlen(q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, options)
+                          : reference_attention(q, k, v, options);
+}
 }  // namespace
 
 ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs& inputs,
                                    const AttentionParams& params) {
   ReferenceOptions options = reference_options(spec, inputs, params);
-  const auto run = [&] {
-    return spec.is_varlen()
-               ? reference_attention_varlen(inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q,
-                                            inputs.cu_seqlens_k, options)
-               : reference_attention(inputs.q, inputs.k, inputs.v, options);
-  };
+  const auto run = [&] { return reference_of(spec, inputs, inputs.q, inputs.k, inputs.v, options); };
   ForwardReference reference;
   if (spec.is_fp8()) {
     // The dequantized values' attention in float64, and the FP8 path's own arithmetic.
@@ -371,10 +374,10 @@ ForwardReference reference_forward(const ProblemSpec& spec, const ProblemInputs&
     const at::Tensor qd = dequantize_e4m3(q, at::kDouble), kd = dequantize_e4m3(k, at::kDouble),
                      vd = dequantize_e4m3(v, at::kDouble);
     options.compute_dtype = at::kDouble;
-    reference.reference = reference_attention(qd, kd, vd, options);
+    reference.reference = reference_of(spec, inputs, qd, kd, vd, options);
     options.compute_dtype = spec.fp8_output_dtype;
     const ReferenceOutput fp8_path = fp8_path_attention(q, k, v, options, spec.fp8_output_dtype);
-    const at::Tensor lse_16bit = reference_attention(qd, kd, vd, options).lse;
+    const at::Tensor lse_16bit = reference_of(spec, inputs, qd, kd, vd, options).lse;
     // The LSE's same-precision path: the FP8 arithmetic's (scores from the FP8 tensor
     // cores' short accumulator) or torch's in the output dtype, whichever is further off.
     const at::Tensor& exact_lse = reference.reference.lse;
@@ -634,8 +637,7 @@ struct ForwardCheck {
                      const Run& outputs, const Options& check_options) {
     if (!spec.is_fp8() || check_options.timed_launches <= 0) return;
     const ReferenceOptions options = reference_options(spec, inputs, forward_params(spec, inputs));
-    const at::Tensor expected =
-        reference_attention(inputs.q_source, inputs.k_source, inputs.v_source, options).out;
+    const at::Tensor expected = reference_of(spec, inputs, inputs.q_source, inputs.k_source, inputs.v_source, options).out;
     Fp8Accuracy accuracy;
     accuracy.outliers = spec.outliers;
     accuracy.rows.push_back({spec.fp8_scaling, spec.fp8_hadamard, error_summary(outputs.out, expected)});

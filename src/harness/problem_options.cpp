@@ -160,8 +160,6 @@ void finish_problem_options(ProblemOptions& options) {
   if (spec.fp8_hadamard && (spec.head_dim & (spec.head_dim - 1)) != 0)
     throw ArgumentError("--hadamard needs a power-of-two --head-dim (Sylvester's construction); got " +
                         std::to_string(spec.head_dim));
-  if (spec.is_fp8() && spec.is_varlen())
-    throw ArgumentError("--dtype e4m3 takes a fixed-length batch: the FP8 forward has no varlen path");
   if (spec.is_fp8() && spec.layout == Layout::packed_qkv)
     throw ArgumentError("--dtype e4m3 takes the bshd layout (Q, K and V are quantized one by one), not --layout "
                         "packed-qkv");

@@ -173,31 +173,44 @@ void for_each_sequence(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seql
 
 }  // namespace
 
-ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,
-                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-                                           const at::Tensor& cu_seqlens_k,
-                                           const ReferenceOptions& options) {
-  const int64_t heads = q.size(1), head_dim = q.size(2), total_q = q.size(0);
-  const auto options_out = q.options().dtype(options.compute_dtype);
-  // Rows of empty query sequences do not exist; rows whose key sequence is
-  // empty see no key, so the initial 0 / -inf (with sinks: the sink, the
-  // denominator's only term) are their final values.
-  at::Tensor out = at::zeros({total_q, heads, head_dim}, options_out);
-  const at::Tensor& sinks = options.modification.sinks;
-  at::Tensor lse = sinks.defined()
-                       ? sinks.to(q.device(), options.compute_dtype).view({heads, 1}).expand({heads, total_q}).contiguous()
-                       : at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), options_out);
+ReferenceOutput packed_attention(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                 at::IntArrayRef out_shape, const at::TensorOptions& out_options,
+                                 const at::TensorOptions& lse_options, const at::Tensor& initial_lse,
+                                 const SequenceAttention& attend) {
+  const int64_t heads = out_shape[1], total_q = out_shape[0];
+  at::Tensor out = at::zeros(out_shape, out_options);
+  at::Tensor lse = initial_lse.defined()
+                       ? initial_lse.to(lse_options).contiguous()
+                       : at::full({heads, total_q}, -std::numeric_limits<double>::infinity(), lse_options);
   for_each_sequence(cu_seqlens_q, cu_seqlens_k,
-                    [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start,
-                        int64_t seqlen_k) {
-                      const ReferenceOutput one = reference_attention(
-                          q.narrow(0, q_start, seqlen_q).unsqueeze(0),
-                          k.narrow(0, k_start, seqlen_k).unsqueeze(0),
-                          v.narrow(0, k_start, seqlen_k).unsqueeze(0), sequence_options(options, sequence));
+                    [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+                      const ReferenceOutput one = attend(sequence, q_start, seqlen_q, k_start, seqlen_k);
                       out.narrow(0, q_start, seqlen_q).copy_(one.out.squeeze(0));
                       lse.narrow(1, q_start, seqlen_q).copy_(one.lse.squeeze(0));
                     });
   return {out, lse};
+}
+
+ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor& k,
+                                           const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                                           const at::Tensor& cu_seqlens_k,
+                                           const ReferenceOptions& options) {
+  const int64_t heads = q.size(1), total_q = q.size(0);
+  const auto options_out = q.options().dtype(options.compute_dtype);
+  // Rows of empty query sequences do not exist; rows whose key sequence is
+  // empty see no key, so the initial 0 / -inf (with sinks: the sink, the
+  // denominator's only term) are their final values.
+  const at::Tensor& sinks = options.modification.sinks;
+  const at::Tensor initial_lse =
+      sinks.defined() ? sinks.to(q.device(), options.compute_dtype).view({heads, 1}).expand({heads, total_q})
+                      : at::Tensor();
+  return packed_attention(cu_seqlens_q, cu_seqlens_k, q.sizes(), options_out, options_out, initial_lse,
+                          [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
+                            return reference_attention(q.narrow(0, q_start, seqlen_q).unsqueeze(0),
+                                                       k.narrow(0, k_start, seqlen_k).unsqueeze(0),
+                                                       v.narrow(0, k_start, seqlen_k).unsqueeze(0),
+                                                       sequence_options(options, sequence));
+                          });
 }
 
 ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, const at::Tensor& k,

@@ -201,7 +201,7 @@ AttentionOutput varlen_forward(const at::Tensor& q, const at::Tensor& k, const a
                                                      max_seqlen_q, max_seqlen_k, options);
   const std::vector<int64_t> lse_shape = {q.size(1), q.size(0)};
   if (into)
-    check_output_buffers(q, out, lse, lse_shape, "(heads, total_q)");
+    check_output_buffers(q, out, lse, lse_shape, "(heads, total_q)", detail::output_scalar_type(q, options));
   else
     lse = at::empty(lse_shape, q.options().dtype(at::kFloat));
   const c10::cuda::CUDAGuard device_guard = detail::cuda_device_guard(q, "q, k and v");

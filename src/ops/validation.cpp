@@ -127,14 +127,8 @@ void check_structure(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(options.sm_margin >= 0, "sm_margin (SMs a persistent kernel leaves free) must be >= 0; got ",
               options.sm_margin);
   if (!packed_tokens) check_score_modification(options, q.size(0), q.size(2), q.device());
-  if (!packed_tokens) {
-    check_fp8_options(options, q.scalar_type() == at::kFloat8_e4m3fn, q.size(0), k.size(2), q.device());
-  } else {
-    TORCH_CHECK(!options.q_descale.defined() && !options.k_descale.defined() && !options.v_descale.defined() &&
-                    !options.output_dtype,
-                "q_descale, k_descale, v_descale and output_dtype are for the e4m3 (FP8) forward, which takes "
-                "fixed-length batches; got them with a variable-length one");
-  }
+  // Packed tokens: check_varlen_inputs checks them against the sequence count.
+  if (!packed_tokens) check_fp8_options(options, q.scalar_type() == at::kFloat8_e4m3fn, q.size(0), k.size(2), q.device());
 }
 
 void check_fp8_options(const AttentionOptions& options, bool fp8, int64_t batch, int64_t kv_heads,
@@ -251,6 +245,7 @@ void check_varlen_inputs(const at::Tensor& q, const at::Tensor& k, const at::Ten
   check_same_device(q, k, v);
   check_cu_seqlens_tensors(q, cu_seqlens_q, cu_seqlens_k);
   check_score_modification(options, cu_seqlens_q.size(0) - 1, q.size(1), q.device());
+  check_fp8_options(options, q.scalar_type() == at::kFloat8_e4m3fn, cu_seqlens_q.size(0) - 1, k.size(1), q.device());
   TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "max_seqlen_q and max_seqlen_k must be >= 0; got ",
               max_seqlen_q, " and ", max_seqlen_k);
   if (!host_value_checks(options.strict_checks, q)) return;  // the kernels check them (value_guard.h)

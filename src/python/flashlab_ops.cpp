@@ -113,6 +113,24 @@ TensorPair fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return contiguous(result.out, result.lse);
 }
 
+// fwd_fp8 on a variable-length batch: the descales (sequences, kv_heads).
+TensorPair varlen_fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                          int64_t max_seqlen_k, const std::optional<at::Tensor>& q_descale,
+                          const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale,
+                          std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                          int64_t window_right, std::optional<at::ScalarType> out_dtype, c10::string_view kernel) {
+  auto options =
+      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel, Modifications{});
+  options.q_descale = q_descale.value_or(at::Tensor());
+  options.k_descale = k_descale.value_or(at::Tensor());
+  options.v_descale = v_descale.value_or(at::Tensor());
+  options.output_dtype = out_dtype;
+  auto result = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"),
+                                         to_int(max_seqlen_k, "max_seqlen_k"), options);
+  return contiguous(result.out, result.lse);
+}
+
 BackwardOptions backward_options(std::optional<double> softmax_scale, bool causal,
                                  int64_t window_left, int64_t window_right, bool deterministic,
                                  c10::string_view kernel, const Modifications& modifications) {
@@ -421,6 +439,12 @@ TORCH_LIBRARY(flashlab, m) {
       "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
       "int window_right=-1, ScalarType? out_dtype=None, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
       tags);
+  m.def(
+      "varlen_fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, Tensor? q_descale=None, Tensor? k_descale=None, Tensor? v_descale=None, "
+      "float? softmax_scale=None, bool causal=False, int window_left=-1, int window_right=-1, "
+      "ScalarType? out_dtype=None, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
+      tags);
   m.def("kernels() -> str[]", &flashlab::python::kernels);
   // The ring's merge step (flashlab.distributed.merge_partial on CUDA tensors).
   m.def("merge_attention_states_(Tensor(a!) out, Tensor(b!) lse, Tensor block_out, Tensor block_lse) -> ()");
@@ -442,5 +466,6 @@ TORCH_LIBRARY_IMPL(flashlab, CUDA, m) {
   m.impl("varlen_bwd", &flashlab::python::varlen_bwd);
   m.impl("fwd_kvcache", &flashlab::python::fwd_kvcache);
   m.impl("fwd_fp8", &flashlab::python::fwd_fp8);
+  m.impl("varlen_fwd_fp8", &flashlab::python::varlen_fwd_fp8);
   m.impl("merge_attention_states_", &flashlab::merge_attention_states_);
 }

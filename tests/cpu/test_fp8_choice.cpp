@@ -1,6 +1,7 @@
 // The FP8 (e4m3) forward without a GPU (issue 36): its arguments' checks, provoked on
 // CPU tensors, and which kernel the choice gives an e4m3 problem on compute
-// capability 9.0 and 8.0 (parameter blocks only: nothing runs). The kernel's results:
+// capability 9.0 and 8.0 (parameter blocks only: nothing runs), and the V^T layout of
+// variable-length batches. The kernel's results:
 // tests/python/test_fp8_gpu.py.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 
 #include "flashlab/attention.h"
 #include "flashlab/harness/dev_kernels.h"
+#include "sm90/fa3_wgmma_sm90/fa3_wgmma_sm90.h"  // the V^T layout
 #include "test_support.h"
 
 namespace flashlab {
@@ -55,13 +57,52 @@ TEST(Fp8Arguments, SayWhatTheyExpect) {
   half.options.output_dtype = at::kBFloat16;
   expect_rejected([&] { half.run(); }, {"output_dtype is for e4m3 (Float8_e4m3fn) inputs"});
 
-  // The FP8 forward has no variable-length path: its arguments are refused there.
-  const at::Tensor packed_q = cpu_tensor({16, 8, 128}), packed_kv = cpu_tensor({32, 2, 128});
-  const at::Tensor cu_q = at::tensor({0, 16}, at::kInt), cu_k = at::tensor({0, 32}, at::kInt);
+  // Variable-length batches: a descale row a sequence; 16-bit packed inputs take none.
+  const at::Tensor cu_q = at::tensor({0, 5, 16}, at::kInt), cu_k = at::tensor({0, 20, 32}, at::kInt);
+  const at::Tensor packed_q = cpu_tensor({16, 8, 128}, kE4m3), packed_kv = cpu_tensor({32, 2, 128}, kE4m3);
   AttentionOptions varlen;
   varlen.k_descale = cpu_tensor({1, 2}, at::kFloat);
-  expect_rejected([&] { attention_varlen_forward(packed_q, packed_kv, packed_kv, cu_q, cu_k, 16, 32, varlen); },
-                  {"are for the e4m3 (FP8) forward, which takes fixed-length batches"});
+  expect_rejected([&] { attention_varlen_forward(packed_q, packed_kv, packed_kv, cu_q, cu_k, 11, 20, varlen); },
+                  {"k_descale must be float32 of shape (batch, kv_heads) = (2, 2)", "got [1, 2]"});
+  const at::Tensor half_q = cpu_tensor({16, 8, 128}), half_kv = cpu_tensor({32, 2, 128});
+  varlen.k_descale = cpu_tensor({2, 2}, at::kFloat);
+  expect_rejected([&] { attention_varlen_forward(half_q, half_kv, half_kv, cu_q, cu_k, 11, 20, varlen); },
+                  {"k_descale is for e4m3 (Float8_e4m3fn) inputs"});
+}
+
+// A variable-length e4m3 batch goes to fa3_wgmma_sm90, whose V^T workspace holds every
+// sequence's region (fp8_vt_key0) in one row of fp8_vt_row_keys keys.
+TEST(Fp8Choice, VariableLengthBatchesGoToTheHopperForward) {
+  const at::Tensor cu_q = at::tensor({0, 5, 16}, at::kInt), cu_k = at::tensor({0, 20, 33}, at::kInt);
+  const at::Tensor q = cpu_tensor({16, 8, 128}, kE4m3), kv = cpu_tensor({33, 2, 128}, kE4m3);
+  AttentionParams params = make_varlen_params(q, kv, kv, cu_q, cu_k, 11, 20, at::Tensor(), at::Tensor(), {});
+  params.device_compute_capability = 90;
+  const KernelVariant& kernel = select_kernel(params, "auto");
+  EXPECT_EQ(kernel.name, "fa3_wgmma_sm90");
+  // One plane: 2 kv heads x 128 rows of fp8_vt_keys(33 + 2 x 16) = 80 keys, after the offset.
+  EXPECT_EQ(fa3_wgmma_sm90::fp8_vt_row_keys(params), 80);
+  EXPECT_EQ(kernel.workspace_bytes(params), fa3_wgmma_sm90::kFp8VtOffset + 2 * 128 * 80);
+}
+
+// Each sequence's V^T region (its keys rounded up to 16) starts on a multiple of 16,
+// ends at or before the next one's start, and the last one's fits the row, for
+// lengths that are and are not multiples of 16 (empty ones included).
+TEST(Fp8Choice, VariableLengthVtRegionsDoNotOverlap) {
+  AttentionParams params;
+  std::vector<int> lengths = {1, 7, 16, 0, 113, 15, 17, 1023, 0, 32, 4097, 3};
+  params.batch = static_cast<int>(lengths.size());
+  params.cu_seqlens_q = params.cu_seqlens_k = lengths.data();  // is_varlen(); never read here
+  int64_t first_row = 0;
+  int64_t previous_end = 0;
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const int64_t start = fa3_wgmma_sm90::fp8_vt_key0(params, first_row, static_cast<int>(b));
+    EXPECT_EQ(start % 16, 0) << b;
+    EXPECT_GE(start, previous_end) << b;
+    previous_end = start + fa3_wgmma_sm90::fp8_vt_keys(lengths[b]);
+    first_row += lengths[b];
+  }
+  params.total_rows_k = first_row;
+  EXPECT_LE(previous_end, fa3_wgmma_sm90::fp8_vt_row_keys(params));
 }
 
 TEST(Fp8Arguments, OutputBufferHasTheOutputDtype) {

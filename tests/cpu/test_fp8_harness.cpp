@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "flashlab/harness/arguments.h"
 #include "flashlab/harness/fp8.h"
@@ -93,6 +94,46 @@ TEST(Fp8PathAttention, DepartsFromTheReferenceOnlyByPsRounding) {
   EXPECT_TRUE((few_keys.out.narrow(1, 0, 20) == 0).all().item<bool>());  // rows 0..19 map before key 0
   EXPECT_FALSE((few_keys.out.narrow(1, 20, 4) == 0).all().item<bool>());
   EXPECT_TRUE(std::isinf(few_keys.lse[0][0][0].item<double>()));
+}
+
+// Packed tokens (cu_seqlens): each sequence is quantized, dequantized and run through
+// the FP8 path as the fixed-length batch of one it is; an empty sequence keeps factor 1.
+TEST(Fp8Quantize, PackedSequencesAreTheirOwnBatches) {
+  const uint64_t seed = testing::test_seed() + 3;
+  const at::Tensor cu_q = at::tensor({0, 7, 7, 20}, at::kInt), cu_k = at::tensor({0, 11, 16, 17}, at::kInt);
+  at::manual_seed(seed);
+  const at::Tensor xq = at::randn({20, 4, 32}, at::kFloat), xk = at::randn({17, 2, 32}, at::kFloat);
+  xq.select(-1, 5).mul_(20.0);
+  for (const Fp8Scaling scaling : {Fp8Scaling::per_head, Fp8Scaling::per_tensor}) {
+    const Fp8Tensor q = quantize_e4m3(xq, 2, scaling, cu_q), k = quantize_e4m3(xk, 2, scaling, cu_k);
+    ASSERT_TRUE(q.packed());
+    ASSERT_EQ(q.descale.sizes(), at::IntArrayRef({3, 2}));
+    if (scaling == Fp8Scaling::per_head) {
+      EXPECT_TRUE((q.descale[1] == 1).all().item<bool>());  // no rows
+      const Fp8Tensor alone = quantize_e4m3(xq.narrow(0, 7, 13).unsqueeze(0), 2, scaling);
+      EXPECT_TRUE(at::equal(q.descale[2], alone.descale[0]));
+      EXPECT_TRUE(at::equal(q.values.narrow(0, 7, 13).to(at::kFloat), alone.values[0].to(at::kFloat)));
+    } else {
+      EXPECT_TRUE((q.descale == xq.abs().max() / kE4m3Max).all().item<bool>());
+    }
+    EXPECT_TRUE(at::allclose(dequantize_e4m3(q, at::kFloat), xq, kE4m3Rounding, q.descale.max().item<float>()));
+    ReferenceOptions options;
+    options.softmax_scale = 1 / std::sqrt(32.0);
+    options.window_right = 0;
+    options.compute_dtype = at::kDouble;
+    const ReferenceOutput packed = fp8_path_attention(q, k, k, options, at::kDouble);
+    ASSERT_EQ(packed.out.sizes(), at::IntArrayRef({20, 4, 32}));
+    ASSERT_EQ(packed.lse.sizes(), at::IntArrayRef({4, 20}));
+    const ReferenceOutput first = fp8_path_attention(q.sequence(0, 0, 7), k.sequence(0, 0, 11), k.sequence(0, 0, 11),
+                                                     options, at::kDouble);
+    EXPECT_TRUE(at::equal(packed.out.narrow(0, 0, 7), first.out[0]));
+    EXPECT_TRUE(at::equal(packed.lse.narrow(1, 0, 7), first.lse[0]));
+    // Sequence 2 has one key: causal bottom-right, only its last query row sees it.
+    EXPECT_TRUE((packed.out.narrow(0, 7, 12) == 0).all().item<bool>());
+    EXPECT_TRUE(std::isinf(packed.lse[0][7].item<double>()));
+    EXPECT_FALSE((packed.out[19] == 0).all().item<bool>());
+  }
+  EXPECT_THROW(quantize_e4m3(xq.unsqueeze(0), 2, Fp8Scaling::per_head, cu_q), c10::Error);  // 4-D with offsets
 }
 
 TEST(Fp8Quantize, RandomHadamardIsOrthogonalAndKeepsScores) {
@@ -183,11 +224,11 @@ TEST(Fp8Problem, OptionsSayWhatGoesWithE4m3) {
   };
   refused({"--descale", "none"}, "go with --dtype e4m3");
   refused({"--out-dtype", "fp16", "--dtype", "bf16"}, "go with --dtype e4m3");
-  refused({"--dtype", "e4m3", "--seqlens", "3,4"}, "the FP8 forward has no varlen path");
   refused({"--dtype", "e4m3", "--layout", "packed-qkv"}, "takes the bshd layout");
   refused({"--dtype", "e4m3", "--descale", "per-row"}, "per-head, per-tensor, none");
   refused({"--hadamard"}, "go with --dtype e4m3");
   refused({"--dtype", "e4m3", "--hadamard", "--head-dim", "96"}, "--hadamard needs a power-of-two --head-dim");
+  EXPECT_TRUE(parse_problem({"--dtype", "e4m3", "--seqlens", "3,4"}, "flashlab-run", false).is_varlen());
   const ProblemSpec spec =
       parse_problem({"--dtype", "e4m3", "--descale", "per-tensor", "--out-dtype", "fp16", "--outliers"},
                     "flashlab-run", false);

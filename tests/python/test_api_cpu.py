@@ -105,6 +105,10 @@ SCHEMAS = {
     "fwd_fp8": "flashlab::fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale=None, Tensor? k_descale=None, "
                "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
                "int window_right=-1, ScalarType? out_dtype=None, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
+    "varlen_fwd_fp8": "flashlab::varlen_fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                      "int max_seqlen_q, int max_seqlen_k, Tensor? q_descale=None, Tensor? k_descale=None, "
+                      "Tensor? v_descale=None, float? softmax_scale=None, bool causal=False, int window_left=-1, "
+                      "int window_right=-1, ScalarType? out_dtype=None, str kernel_name=\"auto\") -> (Tensor out, Tensor lse)",
 }
 
 
@@ -119,7 +123,7 @@ def test_only_the_caches_are_mutated():
     schema = torch.ops.flashlab.fwd_kvcache.default._schema
     written = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["k_cache", "v_cache"]
-    for name in ("fwd", "varlen_fwd", "bwd", "varlen_bwd", "fwd_fp8"):
+    for name in ("fwd", "varlen_fwd", "bwd", "varlen_bwd", "fwd_fp8", "varlen_fwd_fp8"):
         schema = getattr(torch.ops.flashlab, name).default._schema
         assert all(a.alias_info is None for a in schema.arguments), name
 
@@ -170,7 +174,8 @@ def test_flash_attn_signature(function):
     assert [(p.name, p.default) for p in positional] == expected
     keyword_only = [(p.name, p.default) for p in parameters if p.kind is p.KEYWORD_ONLY]
     fp8 = [("q_descale", None), ("k_descale", None), ("v_descale", None), ("out_dtype", None)]  # FA3's FP8 forward
-    assert keyword_only == [("kernel", "auto"), ("sinks", None)] + (fp8 if function is flash_attn_func else [])
+    takes_fp8 = function in (flash_attn_func, flash_attn_varlen_func)
+    assert keyword_only == [("kernel", "auto"), ("sinks", None)] + (fp8 if takes_fp8 else [])
 
 
 # ---------------------------------------------------------------------------
@@ -341,6 +346,12 @@ def opcheck_cases():
                     (*(torch.empty(2, 17, h, 128, device="meta", dtype=torch.float8_e4m3fn) for h in (4, 2, 2)),
                      *(meta(2, 2, dtype=torch.float32) for _ in range(3)), None, True, -1, -1, torch.float16,
                      "auto")),
+        # packed e4m3: a descale row a sequence (2 here)
+        "varlen_fwd_fp8": (torch.ops.flashlab.varlen_fwd_fp8.default,
+                           (*(torch.empty(rows, h, 128, device="meta", dtype=torch.float8_e4m3fn)
+                              for rows, h in ((17, 4), (20, 2), (20, 2))),
+                            cu_q, cu_k, 12, 12, *(meta(2, 2, dtype=torch.float32) for _ in range(3)),
+                            None, False, -1, -1, None, "auto")),
     }
 
 

@@ -1,5 +1,5 @@
 """flashlab.fp8 on the CPU (issue 36): quantize's descale factors and rounding, dequantize,
-and random_hadamard's rotation (orthogonal, Q K^T unchanged)."""
+packed (variable-length) tensors, and random_hadamard's rotation (orthogonal, Q K^T unchanged)."""
 import pytest
 import torch
 
@@ -33,9 +33,34 @@ def test_dequantize_is_within_e4m3_rounding():
     assert (back - x).abs().max() > 0  # it does round
 
 
+def test_packed_sequences_are_quantized_as_their_own_batches():
+    generator = torch.Generator().manual_seed(14)
+    lengths = [5, 0, 113, 1]
+    cu_seqlens = torch.tensor([0, 5, 5, 118, 119], dtype=torch.int32)
+    x = torch.randn(119, 8, 128, generator=generator)
+    x[5:118, :, 7] *= 30  # an outlier channel in sequence 2 only: only its factors grow
+    values, descale = fp8.quantize(x, kv_heads=2, cu_seqlens=cu_seqlens)
+    assert values.shape == x.shape and descale.shape == (4, 2)
+    assert torch.equal(descale[1], torch.ones(2))  # empty: nothing to scale
+    start = 0
+    for index, length in enumerate(lengths):
+        if length:
+            alone_values, alone_descale = fp8.quantize(x[start:start + length].unsqueeze(0), kv_heads=2)
+            assert torch.equal(descale[index], alone_descale[0])
+            assert torch.equal(values[start:start + length].float(), alone_values[0].float())
+        start += length
+    assert descale[2].min() > 10 * descale[0].max()
+    back = fp8.dequantize(values, descale, torch.float32, cu_seqlens=cu_seqlens)
+    torch.testing.assert_close(back, x, rtol=2.0 ** -4, atol=descale.max().item() * 2.0 ** -10)
+    with pytest.raises(ValueError, match="cu_seqlens covers 118 rows; the packed tensor has 119"):
+        fp8.quantize(x, kv_heads=2, cu_seqlens=cu_seqlens[:-1])
+
+
 def test_quantize_refuses_what_it_cannot_group():
     with pytest.raises(ValueError, match=r"must be \(batch, seqlen, heads, head_dim\); got shape \(4, 8, 16\)"):
         fp8.quantize(torch.randn(4, 8, 16))
+    with pytest.raises(ValueError, match=r"must be \(total, heads, head_dim\) with cu_seqlens; got shape \(1, 4, 8, 16\)"):
+        fp8.quantize(torch.randn(1, 4, 8, 16), cu_seqlens=torch.tensor([0, 4], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"heads \(6\) must be a multiple of kv_heads \(4\)"):
         fp8.quantize(torch.randn(1, 8, 6, 16), kv_heads=4)
 

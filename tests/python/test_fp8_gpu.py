@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashlab import flash_attn_func, fp8
+from flashlab import flash_attn_func, flash_attn_varlen_func, fp8
 from attention_reference import E4M3, assert_close_to_reference, attention_ref, fp8_emulated_attention
 from conftest import requires_cuda
 
@@ -97,6 +97,49 @@ def test_fp8_forward_matches_dequantized_reference(case):
     # the larger, harness call 2 of session 27).
     _, lse_16bit = attention_ref(*(x.to(out_dtype) for x in (q, k, v)), causal=causal, window=window)
     assert_close_to_reference("lse", lse, lse_ref, larger_error(lse_ref, lse_fp8_path, lse_16bit), 2, out_dtype)
+
+
+# (head_dim, seqlens_q, seqlens_k, heads, kv_heads, causal, window): empty sequences, queries
+# without keys, lengths off the 16-key groups of V^T and off the 128-key tiles.
+VARLEN_CASES = [
+    (128, [1, 0, 513, 7, 1000], [300, 5, 0, 1000, 17], 8, 2, False, (-1, -1)),
+    (128, [1, 0, 513, 7, 1000], [1, 0, 513, 7, 1000], 4, 1, True, (-1, -1)),
+    (256, [129, 64, 3, 777], [200, 31, 1, 1023], 4, 2, True, (50, 0)),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: (
+    f"d{c[0]}-{len(c[1])}seqs-h{c[3]}/{c[4]}-{'causal' if c[5] else 'full'}{'-window' if c[6] != (-1, -1) else ''}"))
+def test_fp8_varlen_equals_each_sequence_alone(case):
+    """flash_attn_varlen_func on packed e4m3 sequences (a descale row each) gives, bitwise, what
+    flash_attn_func gives each sequence alone (whose results the test above holds to the
+    reference): the same tiles and arithmetic, only the V^T layout and the offsets differ."""
+    head_dim, seqlens_q, seqlens_k, heads, kv_heads, causal, window = case
+    generator = torch.Generator(device=DEVICE).manual_seed(sum(seqlens_q) * 7 + head_dim)
+    offsets = lambda lengths: torch.tensor([0] + lengths, device=DEVICE).cumsum(0).to(torch.int32)  # noqa: E731
+    cu_q, cu_k = offsets(seqlens_q), offsets(seqlens_k)
+    q, k, v = (torch.randn(sum(lengths), h, head_dim, device=DEVICE, generator=generator)
+               for lengths, h in ((seqlens_q, heads), (seqlens_k, kv_heads), (seqlens_k, kv_heads)))
+    (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(x, kv_heads, cu) for x, cu in ((q, cu_q), (k, cu_k), (v, cu_k)))
+    out, lse, _ = flash_attn_varlen_func(q8, k8, v8, cu_q, cu_k, max(seqlens_q), max(seqlens_k), causal=causal,
+                                         window_size=window, return_attn_probs=True, q_descale=qd, k_descale=kd,
+                                         v_descale=vd)
+    assert out.dtype == torch.bfloat16 and out.shape == (sum(seqlens_q), heads, head_dim)
+    assert lse.shape == (heads, sum(seqlens_q))
+    assert torch.isfinite(out).all()
+    for b, (length_q, length_k) in enumerate(zip(seqlens_q, seqlens_k)):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        if length_q == 0:
+            continue
+        if length_k == 0:  # no key: 0 and LSE -inf
+            assert (out[rows] == 0).all() and (lse[:, rows] == float("-inf")).all()
+            continue
+        keys = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        alone, alone_lse, _ = flash_attn_func(q8[rows][None], k8[keys][None], v8[keys][None], causal=causal,
+                                              window_size=window, return_attn_probs=True,
+                                              q_descale=qd[b:b + 1], k_descale=kd[b:b + 1], v_descale=vd[b:b + 1])
+        assert torch.equal(out[rows], alone[0]), f"sequence {b}: max difference {(out[rows] - alone[0]).abs().max()}"
+        assert torch.equal(lse[:, rows], alone_lse[0]), f"sequence {b}'s LSE"
 
 
 def test_fp8_descale_defaults_to_one():

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The FP8 forward's sanitizer cases (run_fp8_sanitizer.sh runs this under compute-sanitizer):
 small odd e4m3 problems through flash_attn_func, head_dim 128 and 256, causal, window, GQA/MQA,
-a one-row query and keys that end inside a 16-key group of the V transpose. Prints one line a
+a one-row query, keys that end inside a 16-key group of the V transpose, and a variable-length
+batch (empty sequences, queries without keys; V^T regions per sequence). Prints one line a
 case and fails on a non-finite output; exit 77 (skipped) without a compute capability 9.0 GPU."""
 import sys
 
@@ -11,7 +12,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
     print("SKIP: the FP8 forward needs compute capability 9.0")
     sys.exit(77)
 
-from flashlab import flash_attn_func, fp8  # noqa: E402
+from flashlab import flash_attn_func, flash_attn_varlen_func, fp8  # noqa: E402
 
 # (head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window)
 CASES = [
@@ -32,3 +33,18 @@ for head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window in CASE
         print(f"FAIL {name}: non-finite output")
         sys.exit(1)
     print(f"ok {name}")
+
+# Variable length, head_dim 128, causal, GQA: lengths off the 16-key groups and the 128-key tiles.
+seqlens_q, seqlens_k, heads, kv_heads = [1, 0, 300, 7, 129], [200, 5, 0, 33, 1000], 4, 2
+offsets = [torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32) for lengths in (seqlens_q, seqlens_k)]
+(q, qd), (k, kd), (v, vd) = (fp8.quantize(torch.randn(sum(lengths), h, 128, device="cuda", generator=generator),
+                                          kv_heads, cu)
+                             for lengths, h, cu in ((seqlens_q, heads, offsets[0]), (seqlens_k, kv_heads, offsets[1]),
+                                                    (seqlens_k, kv_heads, offsets[1])))
+out = flash_attn_varlen_func(q, k, v, *offsets, max(seqlens_q), max(seqlens_k), causal=True, q_descale=qd,
+                             k_descale=kd, v_descale=vd)
+torch.cuda.synchronize()
+if not torch.isfinite(out).all():
+    print("FAIL varlen d128: non-finite output")
+    sys.exit(1)
+print(f"ok varlen d128 seqlens_q {seqlens_q} seqlens_k {seqlens_k} h{heads}/{kv_heads} causal=True")

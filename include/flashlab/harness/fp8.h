@@ -24,12 +24,19 @@ enum class Fp8Scaling { per_head, per_tensor, none };
 const char* fp8_scaling_name(Fp8Scaling scaling);
 
 struct Fp8Tensor {
-  at::Tensor values;   // e4m3, contiguous, the shape of the input
-  at::Tensor descale;  // float32 (batch, kv_heads), contiguous
+  at::Tensor values;      // e4m3, contiguous, the shape of the input
+  at::Tensor descale;     // float32 (batch, kv_heads), contiguous: a row a batch entry or sequence
+  at::Tensor cu_seqlens;  // packed tokens: the int32 prefix sums (batch + 1); undefined: fixed length
+  bool packed() const { return cu_seqlens.defined(); }
+  // Sequence `index` of a packed tensor (its rows [start, start + length)) as a fixed-length batch of one.
+  Fp8Tensor sequence(int64_t index, int64_t start, int64_t length) const;
 };
 
-// x (batch, seqlen, heads, head_dim), any float dtype, heads a multiple of kv_heads.
-Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scaling);
+// x (batch, seqlen, heads, head_dim), or packed tokens (total, heads, head_dim) with
+// cu_seqlens (batch + 1 int32 prefix sums, any device; a descale row a sequence, 1
+// for an empty one); any float dtype, heads a multiple of kv_heads.
+Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scaling,
+                        const at::Tensor& cu_seqlens = at::Tensor());
 
 // A random-sign Hadamard matrix (head_dim x head_dim, float32, orthogonal): Sylvester's
 // matrix with column signs from `seed`, over sqrt(head_dim); head_dim a power of two.
@@ -48,7 +55,8 @@ at::Tensor dequantize_e4m3(const Fp8Tensor& x, at::ScalarType dtype);
 // Its error against reference_attention of the dequantized values is what the
 // format costs; the kernel is held to twice it. Masks as ReferenceOptions says;
 // rows that see no key give 0 and LSE -inf. Returns out (batch, seqlen_q, heads,
-// head_dim) in output_dtype and the LSE of those scores (batch, heads, seqlen_q), float64.
+// head_dim) in output_dtype and the LSE of those scores (batch, heads, seqlen_q), float64;
+// packed q, k, v: one sequence at a time, out (total_q, heads, head_dim), LSE (heads, total_q).
 ReferenceOutput fp8_path_attention(const Fp8Tensor& q, const Fp8Tensor& k, const Fp8Tensor& v,
                                    const ReferenceOptions& options, at::ScalarType output_dtype);
 

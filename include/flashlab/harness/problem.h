@@ -80,9 +80,9 @@ struct ProblemInputs {
   // kv_heads) descale factors and the float32 values they were quantized from.
   at::Tensor q_descale, k_descale, v_descale;
   at::Tensor q_source, k_source, v_source;
-  Fp8Tensor q8() const { return {q, q_descale}; }
-  Fp8Tensor k8() const { return {k, k_descale}; }
-  Fp8Tensor v8() const { return {v, v_descale}; }
+  Fp8Tensor q8() const { return {q, q_descale, cu_seqlens_q}; }
+  Fp8Tensor k8() const { return {k, k_descale, cu_seqlens_k}; }
+  Fp8Tensor v8() const { return {v, v_descale, cu_seqlens_k}; }
 };
 
 // The options of spec with its inputs' score modifications.

@@ -4,6 +4,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <functional>
+
 namespace flashlab {
 
 // Score modifications (issue 33), flash-attn's definitions, applied in this
@@ -62,6 +65,20 @@ ReferenceOutput reference_attention_varlen(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                                            const at::Tensor& cu_seqlens_k,
                                            const ReferenceOptions& options);
+
+// A fixed-length attention function over a variable-length batch: attend(sequence,
+// q_start, seqlen_q, k_start, seqlen_k) returns one sequence's result, out (1,
+// seqlen_q, H, D) and lse (1, H, seqlen_q), for each sequence with queries and
+// keys; they are packed into out (total_q, H, D) of out_options, 0 elsewhere, and
+// lse (H, total_q) of lse_options, -inf elsewhere (or initial_lse (H, total_q)
+// where defined). reference_attention_varlen and the FP8 path's packed form use it.
+using SequenceAttention =
+    std::function<ReferenceOutput(int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start,
+                                  int64_t seqlen_k)>;
+ReferenceOutput packed_attention(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                 at::IntArrayRef out_shape, const at::TensorOptions& out_options,
+                                 const at::TensorOptions& lse_options, const at::Tensor& initial_lse,
+                                 const SequenceAttention& attend);
 
 // reference_attention_backward for a variable-length batch, one sequence at a
 // time: q, dout (total_q, H, D); k, v (total_k, Hkv, D). Rows of a query

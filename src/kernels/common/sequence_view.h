@@ -45,6 +45,15 @@ FLASHLAB_HOST_DEVICE inline SequenceView sequence_view(const AttentionParams& p,
   return view;
 }
 
+// Where sequence `batch` (first packed row first_row) starts when every
+// sequence is laid out from a multiple of `block` on (FA3's rule for its padded
+// statistics): floor((first_row + batch * block) / block) * block. Each sequence's
+// rows, rounded up to whole blocks, end at or before the next one's start, and
+// `batch` sequences of `total` rows fit in total + batch * block.
+FLASHLAB_HOST_DEVICE inline int64_t padded_sequence_start(int64_t first_row, int batch, int block) {
+  return (first_row + static_cast<int64_t>(batch) * block) / block * block;
+}
+
 // The backward pass's tensors follow the same rule: dout and dq rows like q
 // (cu_seqlens_q), dk and dv rows like k (cu_seqlens_k), the float32 dq
 // accumulator like q with its own strides; softmax_d like the LSE (lse_row0).

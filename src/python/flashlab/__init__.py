@@ -5,7 +5,7 @@
     out = flashlab.flash_attn_func(q, k, v, causal=True)                 # flash-attn's call
     out = flashlab.flash_attn_func(q, k, v, causal=True, kernel="fa2_mma_sm80")   # one kernel
 
-The operators are torch.ops.flashlab.{fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache, fwd_fp8}
+The operators are torch.ops.flashlab.{fwd, varlen_fwd, bwd, varlen_bwd, fwd_kvcache, fwd_fp8, varlen_fwd_fp8}
 (and kernels, the registry; check_errors, set_strict_checks, strict_checks;
 merge_attention_states_, the ring's merge; testing_*, flashlab.testing's harness entries).
 Importing flashlab loads the extension and makes no CUDA call.

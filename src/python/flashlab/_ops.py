@@ -70,6 +70,15 @@ def _fwd_fp8_fake(q, k, v, q_descale=None, k_descale=None, v_descale=None, softm
             _new_contiguous(q, (batch, heads, seqlen_q), torch.float32))
 
 
+@torch.library.register_fake("flashlab::varlen_fwd_fp8")
+def _varlen_fwd_fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q_descale=None,
+                         k_descale=None, v_descale=None, softmax_scale=None, causal=False, window_left=-1,
+                         window_right=-1, out_dtype=None, kernel_name="auto"):
+    total_q, heads, _ = q.shape
+    return (_new_contiguous(q, dtype=out_dtype or torch.bfloat16),
+            _new_contiguous(q, (heads, total_q), torch.float32))
+
+
 @torch.library.register_fake("flashlab::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, block_table=None,
                       softmax_scale=None, causal=False, window_left=-1, window_right=-1,

@@ -19,9 +19,10 @@ is -sum over rows of exp(sink - lse) * rowsum(dout * out).
 FP8 (FlashAttention-3's interface): q, k, v of dtype torch.float8_e4m3fn with
 keyword-only q_descale, k_descale, v_descale, float32 (batch, kv_heads) each
 (None: 1), run the forward of q * q_descale, k * k_descale, v * v_descale on
-fa3_wgmma_sm90 (sm_90a; head_dim 128 or 256, fixed-length batches, no score
-modifications) and return a bfloat16 output (out_dtype=torch.float16 for half);
-there is no FP8 backward.
+fa3_wgmma_sm90 (sm_90a; head_dim 128 or 256, no score modifications) and return a
+bfloat16 output (out_dtype=torch.float16 for half); flash_attn_varlen_func takes them
+too, one descale row per sequence (fp8.quantize(x, kv_heads, cu_seqlens)). There is no
+FP8 backward.
 
 What flashlab does not have raises instead of being ignored: dropout
 (dropout_p > 0), paged K/V in the variable-length call (block_table), and in
@@ -242,11 +243,22 @@ def flash_attn_kvpacked_func(
 
 def _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel,
-            softcap, alibi_slopes, sinks):
+            softcap, alibi_slopes, sinks, fp8_arguments=(None, None, None, None)):
     left, right = _window(function, window_size)
     max_seqlen_q = _as_int(function, "max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _as_int(function, "max_seqlen_k", max_seqlen_k)
     q, k, v = (_contiguous_last_dim(x) for x in (q, k, v))
+    if q.dtype == torch.float8_e4m3fn:
+        if softcap or alibi_slopes is not None or sinks is not None:
+            raise NotImplementedError(f"{function}: the float8_e4m3fn forward applies no softcap, "
+                                      "alibi_slopes or sinks")
+        out, lse = ops.varlen_fwd_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      *fp8_arguments[:3], _scale(softmax_scale), bool(causal), left, right,
+                                      fp8_arguments[3], kernel)
+        return _result(out, lse, return_attn_probs)
+    if any(argument is not None for argument in fp8_arguments):
+        raise ValueError(f"{function}: q_descale, k_descale, v_descale and out_dtype are for "
+                         f"torch.float8_e4m3fn q, k, v; got {q.dtype}")
     out, lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               _scale(softmax_scale), bool(causal), left, right,
                               bool(deterministic), kernel, float(softcap), alibi_slopes, sinks)
@@ -273,10 +285,15 @@ def flash_attn_varlen_func(
     *,
     kernel="auto",
     sinks=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    out_dtype=None,
 ):
     """Attention of each packed sequence: q (total_q, heads, head_dim), k, v (total_k,
     kv_heads, head_dim). Returns out (total_q, heads, head_dim), or (out, softmax_lse
-    (heads, total_q), None) with return_attn_probs."""
+    (heads, total_q), None) with return_attn_probs. float8_e4m3fn q, k, v with q_descale,
+    k_descale, v_descale (float32 (sequences, kv_heads)) and out_dtype: the FP8 forward."""
     function = "flash_attn_varlen_func"
     _check_common(function, dropout_p, softcap, alibi_slopes, kernel, softmax_scale, sinks)
     if block_table is not None:
@@ -285,7 +302,7 @@ def flash_attn_varlen_func(
             "must be None (flash_attn_with_kvcache takes a paged cache)")
     return _varlen(function, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                    softmax_scale, causal, window_size, deterministic, return_attn_probs, kernel,
-                   softcap, alibi_slopes, sinks)
+                   softcap, alibi_slopes, sinks, (q_descale, k_descale, v_descale, out_dtype))
 
 
 def flash_attn_varlen_qkvpacked_func(

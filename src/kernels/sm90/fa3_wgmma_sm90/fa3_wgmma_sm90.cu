@@ -110,9 +110,9 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
 }
 
 CUtensorMap make_vt_tensor_map(const AttentionParams& p, const void* vt) {
-  const int64_t keys = std::max<int64_t>(fp8_vt_keys(p.seqlen_k), 16);  // no keys: a map never read
+  const int64_t keys = std::max<int64_t>(fp8_vt_row_keys(p), 16);  // no keys: a map never read
   const cuuint64_t extent[4] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(p.head_dim),
-                                static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(p.batch)};
+                                static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(fp8_vt_planes(p))};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(keys * p.head_dim),
                                  static_cast<cuuint64_t>(keys * p.head_dim * p.kv_heads)};
   const cuuint32_t box[4] = {128, static_cast<cuuint32_t>(p.head_dim), 1, 1};
@@ -160,7 +160,6 @@ std::string fp8_unsupported_reason(const AttentionParams& params) {
   if (!Fp8HeadDims::contains(params.head_dim))
     return "fa3_wgmma_sm90 takes e4m3 (FP8) inputs at head_dim " + Fp8HeadDims::text() + " (whole 128-byte rows); got " +
            std::to_string(params.head_dim);
-  if (params.is_varlen()) return "fa3_wgmma_sm90's e4m3 (FP8) forward takes fixed-length batches; got a variable-length one";
   if (params.modification.any())
     return "fa3_wgmma_sm90's e4m3 (FP8) forward applies no score modifications (softcap, alibi_slopes, sinks)";
   if (params.trace.enabled()) return "fa3_wgmma_sm90's e4m3 (FP8) forward records no tile states";

@@ -18,6 +18,7 @@
 
 #include "common/static_switch.h"
 #include "common/mma_accumulator_layout.h"  // FragmentOrigin
+#include "common/sequence_view.h"          // padded_sequence_start
 #include "common/tile_scheduler.h"
 #include "flashlab/kernel_params.h"
 #include "flashlab/kernel_registry.h"  // TileShape
@@ -113,9 +114,14 @@ struct Fp8Traits {
 };
 
 // V^T for the FP8 forward (8-bit wgmma takes B K-major only): the kernel's V
-// operand, (batch, kv_heads, head_dim, keys) with each row of keys padded to
-// fp8_vt_keys (a multiple of 16: TMA strides) and zero past seqlen_k. Within each
-// 16 keys, position 4t + b holds key 8 (b / 2) + 2t + b % 2: the keys a thread t of
+// operand, (planes, kv_heads, head_dim, row_keys) with rows of fp8_vt_row_keys
+// keys (a multiple of 16: TMA strides). Fixed length: a plane a batch entry,
+// each row its keys then zeros up to fp8_vt_keys(seqlen_k). Variable length:
+// one plane, sequence b's keys from fp8_vt_key0 on (a multiple of 16, the
+// sequences one after the other with zeros to the next one's start, as the
+// backward pads its statistics: padded_sequence_start), so a tile that runs
+// past a sequence's end reads zeros or the next sequence's (masked) keys.
+// Within each 16 keys, position 4t + b holds key 8 (b / 2) + 2t + b % 2: the keys a thread t of
 // a quad holds in S's accumulator fragment (columns 2t, 2t + 1, 8 + 2t, 9 + 2t)
 // are then the k32 A fragment's bytes 4t .. 4t + 3 (wgmma_fragment.h,
 // accumulator_to_fp8_a_fragments), so P goes into the P V wgmma with no shuffle.
@@ -123,9 +129,18 @@ FLASHLAB_HOST_DEVICE constexpr int fp8_vt_key_of_position(int position) {
   const int t = (position % 16) / 4, b = position % 4;
   return position / 16 * 16 + 8 * (b / 2) + 2 * t + b % 2;
 }
-FLASHLAB_HOST_DEVICE constexpr int64_t fp8_vt_keys(int seqlen_k) { return (seqlen_k + 15) / 16 * 16; }
+FLASHLAB_HOST_DEVICE constexpr int64_t fp8_vt_keys(int64_t seqlen_k) { return (seqlen_k + 15) / 16 * 16; }
+// Where sequence `batch` (first key row k_row0 in the packed keys) starts in its V^T row.
+FLASHLAB_HOST_DEVICE inline int64_t fp8_vt_key0(const AttentionParams& p, int64_t k_row0, int batch) {
+  return p.is_varlen() ? padded_sequence_start(k_row0, batch, 16) : 0;
+}
+// A V^T row's length: every sequence's region fits (padded_sequence_start(total, batch) at most).
+inline int64_t fp8_vt_row_keys(const AttentionParams& p) {
+  return p.is_varlen() ? fp8_vt_keys(p.total_rows_k + 16 * static_cast<int64_t>(p.batch)) : fp8_vt_keys(p.seqlen_k);
+}
+inline int fp8_vt_planes(const AttentionParams& p) { return p.is_varlen() ? 1 : p.batch; }
 inline int64_t fp8_vt_bytes(const AttentionParams& p) {
-  return static_cast<int64_t>(p.batch) * p.kv_heads * p.head_dim * fp8_vt_keys(p.seqlen_k);
+  return static_cast<int64_t>(fp8_vt_planes(p)) * p.kv_heads * p.head_dim * fp8_vt_row_keys(p);
 }
 // Where V^T starts in the FP8 forward's workspace (after the tile counter).
 inline constexpr size_t kFp8VtOffset = 256;
@@ -286,7 +301,7 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
 // block_m) / block_m) * block_m, so sequences never overlap).
 FLASHLAB_HOST_DEVICE inline int64_t padded_stats_row0(const AttentionParams& params, int64_t q_row0, int batch,
                                                       int block_m) {
-  if (params.is_varlen()) return (q_row0 + static_cast<int64_t>(batch) * block_m) / block_m * block_m;
+  if (params.is_varlen()) return padded_sequence_start(q_row0, batch, block_m);
   return static_cast<int64_t>(batch) * ((params.seqlen_q + block_m - 1) / block_m * block_m);
 }
 size_t backward_workspace_bytes(const AttentionBackwardParams& params);

@@ -271,8 +271,9 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
       sm90::mbarrier_arrive_expect_tx(&smem.v_full[stage], Tr::kKVTileBytes);
       if constexpr (Tr::kElementBytes == 1) {
         // V^T (fp8_vt_key_of_position's layout): head_dim rows of kBN keys, one box.
-        sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes, &args.v_map, &smem.v_full[stage], tile * kBN, 0,
-                          kv_head, work.batch);
+        sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes, &args.v_map, &smem.v_full[stage],
+                          static_cast<int>(fp8_vt_key0(p, view.k_row0, work.batch)) + tile * kBN, 0, kv_head,
+                          batch_coordinate);
       } else {
 #pragma unroll 1  // the producer has 24 registers
         for (int panel = 0; panel < Tr::kPanels; ++panel)
@@ -776,33 +777,43 @@ auto dynamic_kernel() {
   else return fa3_forward_kernel<Tr, Element, false, false, kModifier>;
 }
 
-// FP8: V (batch, seqlen_k, kv_heads, head_dim) e4m3 into V^T (batch, kv_heads,
-// head_dim, fp8_vt_keys) in fp8_vt_key_of_position's order, zero past
-// seqlen_k; a block moves 64 keys x 64 head-dim columns through shared memory,
-// 16 bytes a thread each way (rows and strides are multiples of 16 bytes:
-// unsupported_reason; head_dim a multiple of 64, fp8_vt_keys of 16). (A
-// template of the tiling, so only the FP8 instantiation files emit it.)
+// FP8: V (batch, seqlen_k, kv_heads, head_dim) or packed (total_k, kv_heads,
+// head_dim) e4m3 into V^T (fa3_wgmma_sm90.h: fp8_vt_row_keys keys a row, each
+// sequence from fp8_vt_key0 on) in fp8_vt_key_of_position's order, zeros from
+// a sequence's last key to the next one's start; after the last sequence, zeros
+// up to region_keys past its start (the row's end at most: TMA fills past it),
+// so a key tile read past any sequence's end meets no unwritten byte; a block
+// moves 64 keys x 64 head-dim columns through shared memory, 16 bytes a thread
+// each way (rows and strides are multiples of 16 bytes: unsupported_reason;
+// head_dim a multiple of 64, regions of 16 keys). (A template of the tiling, so
+// only the FP8 instantiation files emit it.)
 template <class Tr>
 __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const AttentionParams p, uint8_t* vt,
-                                                              int64_t vt_keys) {
+                                                              int64_t row_keys, int key_blocks) {
   __shared__ __align__(16) uint8_t tile[64][64 + 16];
-  // blockIdx.x: (batch, kv head) and the key block, folded (grid.z stops at 65535).
-  const int key_blocks = static_cast<int>((vt_keys + 63) / 64);
+  // blockIdx.x: (sequence, kv head) and the key block, folded (grid.z stops at 65535).
   const int pair = blockIdx.x / key_blocks;
   const int key0 = blockIdx.x % key_blocks * 64, column0 = blockIdx.y * 64;
   const int batch = pair / p.kv_heads, head = pair % p.kv_heads;
-  const uint8_t* v = static_cast<const uint8_t*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
+  const SequenceView view = sequence_view(p, batch);
+  // This sequence's region of a V^T row: [first, end), a multiple of 16 keys.
+  const int64_t first = fp8_vt_key0(p, view.k_row0, batch);
+  const int64_t end = p.is_varlen() && batch + 1 < p.batch ? fp8_vt_key0(p, view.k_row0 + view.seqlen_k, batch + 1)
+                                                           : row_keys;
+  if (first + key0 >= end) return;
+  const uint8_t* v = static_cast<const uint8_t*>(p.v) + view.v_offset + head * p.v_head_stride;
   {
     const int key = threadIdx.x / 4, piece = threadIdx.x % 4;  // 4 x 16 bytes: a key's 64 columns
     uint4 value = make_uint4(0, 0, 0, 0);
-    if (key0 + key < p.seqlen_k)
+    if (key0 + key < view.seqlen_k)
       value = *reinterpret_cast<const uint4*>(v + static_cast<int64_t>(key0 + key) * p.v_row_stride + column0 +
                                               piece * 16);
     *reinterpret_cast<uint4*>(&tile[key][piece * 16]) = value;
   }
   __syncthreads();
   const int column = threadIdx.x / 4, run = threadIdx.x % 4;  // 16 positions of one V^T row
-  if (key0 + run * 16 >= vt_keys) return;
+  const int64_t position = first + key0 + run * 16;
+  if (position >= end || position >= row_keys) return;
   uint32_t words[4];
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
@@ -812,8 +823,9 @@ __global__ void __launch_bounds__(256) fp8_transpose_v_kernel(const AttentionPar
       word |= static_cast<uint32_t>(tile[fp8_vt_key_of_position(run * 16 + w * 4 + b)][column]) << (8 * b);
     words[w] = word;
   }
-  uint8_t* out = vt + ((static_cast<int64_t>(batch) * p.kv_heads + head) * p.head_dim + column0 + column) * vt_keys;
-  *reinterpret_cast<uint4*>(out + key0 + run * 16) = make_uint4(words[0], words[1], words[2], words[3]);
+  const int plane = p.is_varlen() ? 0 : batch;
+  uint8_t* out = vt + ((static_cast<int64_t>(plane) * p.kv_heads + head) * p.head_dim + column0 + column) * row_keys;
+  *reinterpret_cast<uint4*>(out + position) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 template <class Tr, typename Element>
@@ -854,12 +866,16 @@ void launch_forward(const AttentionParams& params) {
                                   std::to_string(workspace_bytes(params)) + " bytes; got " +
                                   std::to_string(params.workspace_bytes));
     uint8_t* vt = static_cast<uint8_t*>(params.workspace) + kFp8VtOffset;
-    const int64_t vt_keys = fp8_vt_keys(params.seqlen_k);
-    if (vt_keys > 0) {  // no keys: no key tile is loaded
-      const dim3 transpose_grid(
-          static_cast<unsigned>((vt_keys + 63) / 64 * params.batch * params.kv_heads), (params.head_dim + 63) / 64);
-      fp8_transpose_v_kernel<Tr><<<transpose_grid, 256, 0, static_cast<cudaStream_t>(params.stream)>>>(params, vt,
-                                                                                                   vt_keys);
+    const int64_t row_keys = fp8_vt_row_keys(params);
+    // The keys a block column writes from a sequence's start: its keys rounded up to 16;
+    // varlen: up to 16 zeros before the next sequence, a key tile of zeros after the last.
+    const int64_t region_keys = fp8_vt_keys(params.seqlen_k) + (params.is_varlen() ? Tr::kBlockN : 0);
+    if (params.seqlen_k > 0) {  // no keys: no key tile is loaded
+      const int key_blocks = static_cast<int>((region_keys + 63) / 64);
+      const dim3 transpose_grid(static_cast<unsigned>(int64_t{key_blocks} * params.batch * params.kv_heads),
+                                (params.head_dim + 63) / 64);
+      fp8_transpose_v_kernel<Tr><<<transpose_grid, 256, 0, static_cast<cudaStream_t>(params.stream)>>>(
+          params, vt, row_keys, key_blocks);
       FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 (FP8 V transpose)", params);
     }
     args.v_map = make_vt_tensor_map(params, vt);

@@ -663,6 +663,9 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
       {128, 3, 1, 7, 2, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
       {128, 2, 300, 257, 4, 4, true, -1, -1, true, Fp8Scaling::per_tensor, at::kBFloat16},
       {128, 1, 200, 333, 4, 2, false, -1, -1, false, Fp8Scaling::none, at::kBFloat16},
+      {64, 2, 1023, 1023, 8, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
+      {64, 1, 113, 4097, 4, 1, true, -1, -1, true, kPerHead, at::kHalf},
+      {64, 2, 777, 1500, 6, 2, false, 100, 50, false, Fp8Scaling::per_tensor, at::kBFloat16},
       {256, 2, 1024, 1023, 4, 4, true, -1, -1, false, kPerHead, at::kBFloat16},
       {256, 1, 7, 700, 2, 1, false, -1, -1, true, kPerHead, at::kBFloat16},
       {256, 1, 4097, 4097, 2, 2, true, -1, -1, false, kPerHead, at::kHalf},
@@ -695,6 +698,7 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
   const std::vector<Fp8Varlen> packed = {
       {0, 128, 2, false, false}, {1, 128, 2, true, false}, {3, 128, 1, false, true},
       {4, 128, 2, true, false},  {5, 128, 4, false, false}, {1, 256, 2, false, true},
+      {1, 64, 2, true, false},
   };
   for (const auto& kernel : kernels)
     for (const Fp8Varlen& entry : packed) {

@@ -112,10 +112,10 @@ TEST(Fp8Arguments, OutputBufferHasTheOutputDtype) {
                   {"out must have q's shape and dtype BFloat16 (the e4m3 forward's output)", "got out [2, 16, 8, 128] Float8_e4m3fn"});
 }
 
-// fa3_wgmma_sm90 takes e4m3 at head_dim 128 and 256 on 9.0, fixed-length, forward
+// fa3_wgmma_sm90 takes e4m3 at head_dim 64, 128 and 256 on 9.0, fixed-length, forward
 // only; every other kernel and case is refused with the reason.
 TEST(Fp8Choice, OnlyTheHopperForwardTakesIt) {
-  for (const int head_dim : {128, 256}) {
+  for (const int head_dim : {64, 128, 256}) {
     const Fp8Problem problem(head_dim);
     const AttentionParams params = problem.forward(90);
     EXPECT_EQ(params.dtype, DataType::e4m3);
@@ -127,9 +127,9 @@ TEST(Fp8Choice, OnlyTheHopperForwardTakesIt) {
   expect_rejected([&] { select_kernel(d128.forward(80), "auto"); },
                   {"no registered kernel can run", "e4m3", "fa1_scalar takes no e4m3 (FP8) inputs"});
   expect_rejected([&] { select_kernel(d128.forward(90), "fa2_mma_sm80"); }, {"fa2_mma_sm80", "e4m3"});
-  const Fp8Problem d64(64);
-  expect_rejected([&] { select_kernel(d64.forward(90), "fa3_wgmma_sm90"); },
-                  {"takes e4m3 (FP8) inputs at head_dim 128, 256", "got 64"});
+  const Fp8Problem d96(96);
+  expect_rejected([&] { select_kernel(d96.forward(90), "fa3_wgmma_sm90"); },
+                  {"takes e4m3 (FP8) inputs at head_dim 64, 128, 256", "got 96"});
   Fp8Problem modified;
   modified.options.softcap = 30.0;
   expect_rejected([&] { select_kernel(modified.forward(90), "fa3_wgmma_sm90"); }, {"applies no score modifications"});

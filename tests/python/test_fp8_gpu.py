@@ -66,6 +66,8 @@ CASES = [
     (128, 1, 113, 4097, 4, 1, True, (-1, -1), False, torch.bfloat16),
     (128, 2, 777, 1500, 6, 2, False, (100, 50), True, torch.float16),
     (128, 3, 1, 7, 2, 2, False, (-1, -1), False, torch.bfloat16),
+    (64, 2, 1023, 1023, 8, 2, False, (-1, -1), False, torch.bfloat16),
+    (64, 1, 113, 4097, 4, 1, True, (-1, -1), True, torch.float16),
     (256, 2, 1024, 1023, 4, 4, True, (-1, -1), False, torch.bfloat16),
     (256, 1, 7, 700, 2, 1, False, (-1, -1), True, torch.bfloat16),
     (256, 1, 4097, 4097, 2, 2, True, (-1, -1), False, torch.float16),
@@ -105,6 +107,7 @@ VARLEN_CASES = [
     (128, [1, 0, 513, 7, 1000], [300, 5, 0, 1000, 17], 8, 2, False, (-1, -1)),
     (128, [1, 0, 513, 7, 1000], [1, 0, 513, 7, 1000], 4, 1, True, (-1, -1)),
     (256, [129, 64, 3, 777], [200, 31, 1, 1023], 4, 2, True, (50, 0)),
+    (64, [129, 64, 3, 777], [200, 31, 1, 1023], 8, 2, False, (-1, -1)),
 ]
 
 
@@ -156,9 +159,9 @@ def test_fp8_refusals_say_what_was_given_and_what_is_expected():
         flash_attn_func(q8, k8, v8, q_descale=qd[:, :1])
     with pytest.raises(RuntimeError, match="fa2_mma_sm80 .*e4m3"):
         flash_attn_func(q8, k8, v8, kernel="fa2_mma_sm80")
-    d64 = [x[..., :64].contiguous() for x in (q8, k8, v8)]
-    with pytest.raises(RuntimeError, match="e4m3 .* at head_dim 128, 256 .*; got 64"):
-        flash_attn_func(*d64)
+    d96 = [x[..., :96].contiguous() for x in (q8, k8, v8)]
+    with pytest.raises(RuntimeError, match="e4m3 .* at head_dim 64, 128, 256 .*; got 96"):
+        flash_attn_func(*d96)
     with pytest.raises(NotImplementedError, match="applies no softcap"):
         flash_attn_func(q8, k8, v8, softcap=5.0)
     with pytest.raises(ValueError, match="are for torch.float8_e4m3fn q, k, v; got torch.bfloat16"):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The FP8 forward's sanitizer cases (run_fp8_sanitizer.sh runs this under compute-sanitizer):
-small odd e4m3 problems through flash_attn_func, head_dim 128 and 256, causal, window, GQA/MQA,
+small odd e4m3 problems through flash_attn_func, head_dim 64, 128 and 256, causal, window, GQA/MQA,
 a one-row query, keys that end inside a 16-key group of the V transpose, and a variable-length
 batch (empty sequences, queries without keys; V^T regions per sequence). Prints one line a
 case and fails on a non-finite output; exit 77 (skipped) without a compute capability 9.0 GPU."""
@@ -19,6 +19,7 @@ CASES = [
     (128, 2, 200, 333, 4, 2, True, (-1, -1)),
     (128, 1, 1, 7, 2, 2, False, (3, 0)),
     (256, 1, 77, 130, 2, 1, False, (-1, -1)),
+    (64, 2, 300, 129, 4, 2, True, (-1, -1)),
     (256, 3, 129, 1000, 4, 4, True, (-1, -1)),
 ]
 generator = torch.Generator(device="cuda").manual_seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)

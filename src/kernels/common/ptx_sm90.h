@@ -126,6 +126,14 @@ __device__ __forceinline__ uint64_t make_smem_descriptor_sw128(uint32_t smem_byt
   descriptor |= 1ull << 62;  // swizzle mode 1: 128-byte
   return descriptor;
 }
+// The same for rows of SwizzleBytes (128: mode 1; 64: mode 2, 8-row atoms of 512 bytes).
+template <int SwizzleBytes>
+__device__ __forceinline__ uint64_t make_smem_descriptor(uint32_t smem_byte_address, uint32_t leading_bytes,
+                                                         uint32_t stride_bytes) {
+  static_assert(SwizzleBytes == 128 || SwizzleBytes == 64, "128- or 64-byte swizzle");
+  const uint64_t descriptor = make_smem_descriptor_sw128(smem_byte_address, leading_bytes, stride_bytes);
+  return SwizzleBytes == 128 ? descriptor : (descriptor & ~(3ull << 62)) | (2ull << 62);
+}
 
 // Orders this warpgroup's register and shared-memory accesses before the
 // wgmma operations that follow.

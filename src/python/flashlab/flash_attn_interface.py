@@ -19,7 +19,7 @@ is -sum over rows of exp(sink - lse) * rowsum(dout * out).
 FP8 (FlashAttention-3's interface): q, k, v of dtype torch.float8_e4m3fn with
 keyword-only q_descale, k_descale, v_descale, float32 (batch, kv_heads) each
 (None: 1), run the forward of q * q_descale, k * k_descale, v * v_descale on
-fa3_wgmma_sm90 (sm_90a; head_dim 128 or 256, no score modifications) and return a
+fa3_wgmma_sm90 (sm_90a; head_dim 64, 128 or 256, no score modifications) and return a
 bfloat16 output (out_dtype=torch.float16 for half); flash_attn_varlen_func takes them
 too, one descale row per sequence (fp8.quantize(x, kv_heads, cu_seqlens)). There is no
 FP8 backward.

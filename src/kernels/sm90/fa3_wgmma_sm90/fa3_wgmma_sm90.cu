@@ -73,7 +73,7 @@ TensorOperand tensor_operand(const AttentionParams& p, Operand operand) {
   return {p.v, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p.kv_heads, false, "v"};
 }
 
-CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& operand, int box_rows) {
+CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& operand, int box_rows, int panel_bytes) {
   // Variable-length batches are one packed sequence of rows (batch extent 1):
   // the kernel adds cu_seqlens[b] to the row coordinate.
   const bool varlen = p.is_varlen();
@@ -90,7 +90,7 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
       static_cast<cuuint64_t>(operand.row_stride * bytes), static_cast<cuuint64_t>(operand.head_stride * bytes),
       static_cast<cuuint64_t>(
           (varlen || p.batch == 1 ? operand.head_stride * operand.heads : operand.batch_stride) * bytes)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(panel_bytes / bytes), static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
   const CUresult status = encode_tiled()(
@@ -99,7 +99,7 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
       : p.dtype == DataType::bfloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       4, const_cast<void*>(operand.base), extent, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, panel_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS)
     throw_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
@@ -158,7 +158,7 @@ size_t workspace_bytes(const AttentionParams& params) {
 // The FP8 forward's own limits (fa3_wgmma_sm90_kernel.cuh, Fp8Traits).
 std::string fp8_unsupported_reason(const AttentionParams& params) {
   if (!Fp8HeadDims::contains(params.head_dim))
-    return "fa3_wgmma_sm90 takes e4m3 (FP8) inputs at head_dim " + Fp8HeadDims::text() + " (whole 128-byte rows); got " +
+    return "fa3_wgmma_sm90 takes e4m3 (FP8) inputs at head_dim " + Fp8HeadDims::text() + " (64- or 128-byte rows); got " +
            std::to_string(params.head_dim);
   if (params.modification.any())
     return "fa3_wgmma_sm90's e4m3 (FP8) forward applies no score modifications (softcap, alibi_slopes, sinks)";

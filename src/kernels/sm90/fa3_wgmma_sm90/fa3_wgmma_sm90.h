@@ -32,7 +32,9 @@ using HeadDims = HeadDimList<64, 128, 256>;
 using BackwardHeadDims = HeadDimList<64, 128>;
 
 // ElementBytes: 2 for fp16 / bf16, 1 for e4m3 (FP8: the V tile is V^T, keys
-// contiguous, one 128-byte panel of BlockN = 128 keys).
+// contiguous, one 128-byte panel of BlockN = 128 keys). Q and K are column
+// panels of 128-byte rows, 128-byte swizzled; a head dim of 64 bytes (e4m3 at
+// head_dim 64) is one panel of 64-byte rows, 64-byte swizzled.
 template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
@@ -43,8 +45,9 @@ struct Traits {
   static constexpr int kStages = Stages;
   static constexpr bool kPingpong = Pingpong;  // consumers take turns issuing GEMMs
   static constexpr int kThreads = 128 * (kConsumers + 1);
-  static constexpr int kPanelElements = 128 / ElementBytes;    // elements of a 128-byte panel row
-  static constexpr int kPanels = HeadDim / kPanelElements;    // column panels of Q and K
+  static constexpr int kPanelBytes = HeadDim * ElementBytes < 128 ? HeadDim * ElementBytes : 128;  // = the swizzle
+  static constexpr int kPanelElements = kPanelBytes / ElementBytes;  // elements of a panel row
+  static constexpr int kPanels = HeadDim / kPanelElements;           // column panels of Q and K
   static constexpr int kQTileBytes = kBlockM * HeadDim * ElementBytes;
   static constexpr int kKVTileBytes = kBlockN * HeadDim * ElementBytes;
   // setmaxnreg moves registers within the CTA's launch allocation (65536 /
@@ -89,9 +92,10 @@ struct Traits {
       kQBuffers * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes + 1024;
   static_assert(kSmemBytes <= kMaxSmemBytes, "tiles exceed the shared memory of a block");
 
-  static_assert(HeadDim % kPanelElements == 0, "head_dim must be whole 128-byte panels");
+  static_assert(kPanelBytes == 128 || kPanelBytes == 64, "panel rows are 128- or 64-byte swizzle rows");
+  static_assert(HeadDim % kPanelElements == 0, "head_dim must be whole panels");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");
-  static_assert(ElementBytes == 2 || BlockN == kPanelElements, "an FP8 V^T tile is one panel of keys");
+  static_assert(ElementBytes == 2 || BlockN == 128, "an FP8 V^T tile is one 128-byte row of keys a head-dim row");
 };
 
 template <int HeadDim> struct DefaultTraits;
@@ -105,9 +109,9 @@ struct DefaultTraits {
 };
 
 // The FP8 (e4m3) tiling: 128 x 128 (k32 wgmma steps; V^T tiles of 128 keys,
-// one 128-byte row per head-dim row). Head dims whose rows are whole 128-byte
-// panels in e4m3: 128 and 256.
-using Fp8HeadDims = HeadDimList<128, 256>;
+// one 128-byte row per head-dim row); Q and K rows of 64 bytes at head_dim 64
+// (64-byte swizzle), whole 128-byte panels at 128 and 256.
+using Fp8HeadDims = HeadDimList<64, 128, 256>;
 template <int HeadDim>
 struct Fp8Traits {
   using type = Traits<HeadDim, 128, 2, true, 2, 1>;
@@ -227,9 +231,9 @@ std::string unsupported_reason(const AttentionParams& params);
 size_t workspace_bytes(const AttentionParams& params);
 
 // A 4-D tensor map (head_dim, rows, heads, batch) over a (batch, rows, heads,
-// head_dim) tensor of params' dtype with a box of 64 elements x box_rows rows,
-// 128-byte swizzle; varlen: the packed rows (total_rows_q or _k), batch extent
-// 1. Defined in fa3_wgmma_sm90.cu.
+// head_dim) tensor of params' dtype with a box of panel_bytes (128 or 64: the
+// swizzle too) x box_rows rows; varlen: the packed rows (total_rows_q or _k),
+// batch extent 1. Defined in fa3_wgmma_sm90.cu.
 struct TensorOperand {
   const void* base = nullptr;
   int64_t row_stride = 0, head_stride = 0, batch_stride = 0;
@@ -239,12 +243,14 @@ struct TensorOperand {
 };
 enum class Operand { q, k, v };
 TensorOperand tensor_operand(const AttentionParams& params, Operand operand);
-CUtensorMap make_tensor_map(const AttentionParams& params, const TensorOperand& operand, int box_rows);
+CUtensorMap make_tensor_map(const AttentionParams& params, const TensorOperand& operand, int box_rows,
+                            int panel_bytes = 128);
 // The FP8 forward's V^T (fp8_vt_key_of_position's layout at `vt`): box of 128
 // keys x head_dim rows, 128-byte swizzle.
 CUtensorMap make_vt_tensor_map(const AttentionParams& params, const void* vt);
-inline CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows) {
-  return make_tensor_map(params, tensor_operand(params, operand), box_rows);
+inline CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows,
+                                   int panel_bytes = 128) {
+  return make_tensor_map(params, tensor_operand(params, operand), box_rows, panel_bytes);
 }
 // Per device, asked once: the launch path stays short because the benchmark's
 // events time it too.

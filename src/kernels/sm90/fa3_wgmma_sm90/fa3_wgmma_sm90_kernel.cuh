@@ -32,15 +32,18 @@
 // non-causal, and spills now, so 128.) Shared tiles are stored as 64-column
 // panels of 128-byte rows (TMA box inner size = one swizzle row).
 //
-// FP8 (e4m3 Q, K, V; Fp8Traits, 128 x 128 at head_dim 128 and 256): k32 wgmma;
+// FP8 (e4m3 Q, K, V; Fp8Traits, 128 x 128 at head_dim 64, 128 and 256; at 64
+// the Q and K rows are 64 bytes, 64-byte swizzled): k32 wgmma;
 // 8-bit wgmma takes B K-major only, so V arrives as V^T, written by
 // fp8_transpose_v_kernel into the workspace before the launch with its keys
 // permuted within every 16 (fp8_vt_key_of_position) so that S's accumulator
 // fragments are P V's A fragments as they stand; P is exp2(... + 8) rounded to
 // e4m3 (the 2^8 leaves the LSE in the epilogue); the per-(batch, kv head)
 // descales scale the scores and O. The producer gets 40 registers at head_dim
-// 128 (24 spilled), 24 at 256. Fixed-length only, no score modifications, no
-// trace, forward only; output bf16 or fp16 (AttentionParams::output_dtype).
+// 64 and 128 (24 spilled at 128), 24 at 256. Variable-length batches keep each
+// sequence's V^T from a multiple of 16 keys on (fp8_vt_key0). No score
+// modifications, no trace, forward only; output bf16 or fp16
+// (AttentionParams::output_dtype).
 //
 // Limits: fp16 / bf16 / e4m3, head_dim 64 / 128 / 256, compute capability 9.0 built
 // as sm_90a, base pointers 16-byte aligned and batch/row/head strides that are
@@ -253,7 +256,7 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
     sm90::mbarrier_arrive_expect_tx(&smem.q_full[q_buffer], Tr::kQTileBytes);
 #pragma unroll 1  // the producer has 24 registers
     for (int panel = 0; panel < Tr::kPanels; ++panel)
-      sm90::tma_load_4d(smem.q_smem + q_buffer * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
+      sm90::tma_load_4d(smem.q_smem + q_buffer * Tr::kQTileBytes + panel * kBM * Tr::kPanelBytes, &args.q_map,
                         &smem.q_full[q_buffer], panel * Tr::kPanelElements, view.q_row0 + q0, work.head,
                         batch_coordinate);
 
@@ -265,7 +268,7 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
       sm90::mbarrier_arrive_expect_tx(&smem.k_full[stage], Tr::kKVTileBytes);
 #pragma unroll 1  // the producer has 24 registers
       for (int panel = 0; panel < Tr::kPanels; ++panel)
-        sm90::tma_load_4d(smem.k_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.k_map,
+        sm90::tma_load_4d(smem.k_smem + stage * Tr::kKVTileBytes + panel * kBN * Tr::kPanelBytes, &args.k_map,
                           &smem.k_full[stage], panel * Tr::kPanelElements, key_row, kv_head, batch_coordinate);
       sm90::mbarrier_wait(&smem.v_empty[stage], phase ^ 1);
       sm90::mbarrier_arrive_expect_tx(&smem.v_full[stage], Tr::kKVTileBytes);
@@ -277,7 +280,7 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
       } else {
 #pragma unroll 1  // the producer has 24 registers
         for (int panel = 0; panel < Tr::kPanels; ++panel)
-          sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * kBN * 128, &args.v_map,
+          sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * kBN * Tr::kPanelBytes, &args.v_map,
                             &smem.v_full[stage], panel * Tr::kPanelElements, key_row, kv_head, batch_coordinate);
       }
     }
@@ -351,12 +354,15 @@ template <class Tr, typename Element>
 __device__ __forceinline__ void issue_scores(float (&acc_s)[Tr::kBlockN / 2], uint32_t q_rows, uint32_t k_tile) {
   sm90::wgmma_fence();
 #pragma unroll
+  constexpr int kPanelBytes = Tr::kPanelBytes, kStepsPerPanel = kPanelBytes / 32;
   for (int ks = 0; ks < Tr::kHeadDim * Tr::kElementBytes / 32; ++ks) {
-    const uint32_t column_bytes = (ks % 4) * 32;  // a wgmma's K (32 bytes) within a 128-byte row
-    const uint64_t desc_q =
-        sm90::make_smem_descriptor_sw128(q_rows + (ks / 4) * Tr::kBlockM * 128 + column_bytes, 16, 1024);
-    const uint64_t desc_k =
-        sm90::make_smem_descriptor_sw128(k_tile + (ks / 4) * Tr::kBlockN * 128 + column_bytes, 16, 1024);
+    // A wgmma's K (32 bytes) within a panel row; 8-row swizzle atoms kPanelBytes x 8 apart.
+    const uint32_t column_bytes = (ks % kStepsPerPanel) * 32;
+    const int panel = ks / kStepsPerPanel;
+    const uint64_t desc_q = sm90::make_smem_descriptor<kPanelBytes>(
+        q_rows + panel * Tr::kBlockM * kPanelBytes + column_bytes, 16, 8 * kPanelBytes);
+    const uint64_t desc_k = sm90::make_smem_descriptor<kPanelBytes>(
+        k_tile + panel * Tr::kBlockN * kPanelBytes + column_bytes, 16, 8 * kPanelBytes);
     sm90::wgmma_ss<Tr::kBlockN, Element>(acc_s, desc_q, desc_k, ks > 0);
   }
   sm90::wgmma_commit();
@@ -515,7 +521,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 
   // S = Q K^T for the tile in `stage`: 64 rows of this consumer x kBN keys.
   auto issue_qk = [&](int stage, int q_buffer) {
-    issue_scores<Tr, Element>(acc_s, q_address + q_buffer * Tr::kQTileBytes + consumer * 64 * 128,
+    issue_scores<Tr, Element>(acc_s, q_address + q_buffer * Tr::kQTileBytes + consumer * 64 * Tr::kPanelBytes,
                               k_address + stage * Tr::kKVTileBytes);
   };
   // O += P V.
@@ -858,8 +864,8 @@ void launch_forward(const AttentionParams& params) {
   auto kernel = choose_kernel();
   allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   KernelArguments args;
-  args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM);
-  args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN);
+  args.q_map = make_tensor_map(params, Operand::q, Tr::kBlockM, Tr::kPanelBytes);
+  args.k_map = make_tensor_map(params, Operand::k, Tr::kBlockN, Tr::kPanelBytes);
   if constexpr (kFp8) {
     if (params.workspace == nullptr || params.workspace_bytes < workspace_bytes(params))
       throw std::invalid_argument("fa3_wgmma_sm90's e4m3 forward writes V^T into its workspace: needs " +

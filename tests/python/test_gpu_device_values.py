@@ -3,7 +3,7 @@ without a CUDA device), one test per property:
 
   test_cuda_graph_replay       every entry point captured with torch.cuda.graph, replayed
                                on new values written into the same tensors (new lengths,
-                               pages, offsets): equal to an eager call on those values
+                               pages, offsets, FP8 descales): equal to an eager call on those values
   test_compile_reduce_overhead torch.compile(mode="reduce-overhead") of a forward + backward
                                and of a decode step, against eager
   test_bad_values_are_reported fuzzed bad cu_seqlens / max_seqlen / cache_seqlens /
@@ -24,6 +24,7 @@ from conftest import requires_cuda
 pytestmark = [pytest.mark.gpu, requires_cuda]
 DEVICE = "cuda"
 BF16 = torch.bfloat16
+E4M3 = torch.float8_e4m3fn
 
 
 @pytest.fixture(autouse=True)
@@ -150,8 +151,36 @@ def entry_points():
             return call, refill
         return set_up
 
+    def fp8(packed):  # e4m3 q, k, v and their descales (fa3_wgmma_sm90: compute capability 9.0)
+        def set_up():
+            shape = (lambda rows, h: (rows, h, 128)) if packed else (lambda rows, h: (2, rows, h, 128))
+            rows_q, rows_k = (128, 180) if packed else (113, 203)
+            q, k, v = (torch.randn(shape(rows, h), device=DEVICE).to(E4M3)
+                       for rows, h in ((rows_q, 4), (rows_k, 2), (rows_k, 2)))
+            descales = [torch.rand(3 if packed else 2, 2, device=DEVICE) + 0.5 for _ in range(3)]
+            cu_q, cu_k = offsets([37, 1, 90]), offsets([50, 17, 113])
+
+            def call():
+                scales = dict(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
+                if packed:
+                    return [flash_attn_varlen_func(q, k, v, cu_q, cu_k, 100, 130, causal=True, **scales)]
+                return [flash_attn_func(q, k, v, causal=True, **scales)]
+
+            def refill():
+                for x in (q, k, v):
+                    x.copy_(torch.randn(x.shape, device=DEVICE).to(E4M3))
+                for d in descales:
+                    d.copy_(torch.rand_like(d) + 0.5)
+                if packed:
+                    shift_offsets_(cu_q)
+                    shift_offsets_(cu_k)
+
+            return call, refill
+        return set_up
+
     return {"flash_attn_func": fixed(False), "flash_attn_func_backward": fixed(True),
             "varlen": varlen(False), "varlen_backward": varlen(True),
+            "fp8": fp8(False), "fp8_varlen": fp8(True),
             "kvcache_contiguous": kvcache(False, 0), "kvcache_paged": kvcache(True, 0),
             "kvcache_append": kvcache(False, 2), "kvcache_paged_append": kvcache(True, 1)}
 
@@ -161,6 +190,8 @@ ENTRY_POINTS = entry_points()
 
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 def test_cuda_graph_replay(entry):
+    if entry.startswith("fp8") and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 forward is fa3_wgmma_sm90's, on compute capability 9.0 only")
     torch.manual_seed(1)
     call, refill = ENTRY_POINTS[entry]()
     stream = torch.cuda.Stream()

@@ -97,19 +97,28 @@ TensorPair varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return contiguous(result.out, result.lse);
 }
 
-// The e4m3 (FP8) forward: no autograd (a forward only), FA3's descale factors.
-TensorPair fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                   const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale,
-                   const std::optional<at::Tensor>& v_descale, std::optional<double> softmax_scale, bool causal,
-                   int64_t window_left, int64_t window_right, std::optional<at::ScalarType> out_dtype,
-                   c10::string_view kernel) {
+// The e4m3 (FP8) forwards' options: no autograd (a forward only), FA3's descale factors.
+AttentionOptions fp8_options(const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale,
+                             const std::optional<at::Tensor>& v_descale, std::optional<double> softmax_scale,
+                             bool causal, int64_t window_left, int64_t window_right,
+                             std::optional<at::ScalarType> out_dtype, c10::string_view kernel) {
   auto options =
       attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel, Modifications{});
   options.q_descale = q_descale.value_or(at::Tensor());
   options.k_descale = k_descale.value_or(at::Tensor());
   options.v_descale = v_descale.value_or(at::Tensor());
   options.output_dtype = out_dtype;
-  auto result = attention_forward(q, k, v, options);
+  return options;
+}
+
+TensorPair fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::optional<at::Tensor>& q_descale, const std::optional<at::Tensor>& k_descale,
+                   const std::optional<at::Tensor>& v_descale, std::optional<double> softmax_scale, bool causal,
+                   int64_t window_left, int64_t window_right, std::optional<at::ScalarType> out_dtype,
+                   c10::string_view kernel) {
+  auto result = attention_forward(q, k, v,
+                                  fp8_options(q_descale, k_descale, v_descale, softmax_scale, causal, window_left,
+                                              window_right, out_dtype, kernel));
   return contiguous(result.out, result.lse);
 }
 
@@ -120,14 +129,9 @@ TensorPair varlen_fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const std::optional<at::Tensor>& k_descale, const std::optional<at::Tensor>& v_descale,
                           std::optional<double> softmax_scale, bool causal, int64_t window_left,
                           int64_t window_right, std::optional<at::ScalarType> out_dtype, c10::string_view kernel) {
-  auto options =
-      attention_options<AttentionOptions>(softmax_scale, causal, window_left, window_right, kernel, Modifications{});
-  options.q_descale = q_descale.value_or(at::Tensor());
-  options.k_descale = k_descale.value_or(at::Tensor());
-  options.v_descale = v_descale.value_or(at::Tensor());
-  options.output_dtype = out_dtype;
-  auto result = attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"),
-                                         to_int(max_seqlen_k, "max_seqlen_k"), options);
+  auto result = attention_varlen_forward(
+      q, k, v, cu_seqlens_q, cu_seqlens_k, to_int(max_seqlen_q, "max_seqlen_q"), to_int(max_seqlen_k, "max_seqlen_k"),
+      fp8_options(q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right, out_dtype, kernel));
   return contiguous(result.out, result.lse);
 }
 

@@ -270,7 +270,7 @@ TEST(Locate, Fa3CtaIsTheOneTheWorkTileOrderGivesTheTile) {
 
 // e4m3 (FP8): the FP8 tiling's rows and key tiles (128 x 128, also at head_dim
 // 256, where the 16-bit tiles are 128 x 80), its schedule (1-byte elements), no
-// traced stop, and notes in its units; head_dim 64 has no FP8 tiling.
+// traced stop, and notes in its units; at head_dim 64 the same tiling, at 96 none.
 TEST(Locate, Fa3E4m3UsesTheFp8Tiling) {
   const auto e4m3 = [](at::IntArrayRef shape) { return at::zeros(shape, at::kFloat8_e4m3fn); };
   const at::Tensor q = e4m3({2, 300, 4, 256}), kv = e4m3({2, 500, 2, 256});
@@ -285,10 +285,17 @@ TEST(Locate, Fa3E4m3UsesTheFp8Tiling) {
   EXPECT_FALSE(at.stops[0].needs_trace);
   EXPECT_NE(at.state_note.find("fp8.qk"), std::string::npos) << at.state_note;
   EXPECT_NE(at.out_note.find("v_descale"), std::string::npos) << at.out_note;
-  const at::Tensor q64 = e4m3({1, 10, 2, 64}), kv64 = e4m3({1, 10, 2, 64});
+  // head_dim 64: the same 128 x 128 tiling (64-byte rows); 96 has none.
+  const at::Tensor q64 = e4m3({1, 300, 2, 64}), kv64 = e4m3({1, 10, 2, 64});
+  const ElementLocation d64 =
+      fa3_wgmma_sm90::locate_on(make_params(q64, kv64, kv64, at::Tensor(), at::Tensor(), {}), 0, 0, 200, 1, 132, 50 << 20);
+  ASSERT_TRUE(d64.unavailable.empty()) << d64.unavailable;
+  EXPECT_EQ(d64.query_block, 1);
+  EXPECT_EQ(d64.key_tiles, (std::vector<int>{0}));
+  const at::Tensor q96 = e4m3({1, 10, 2, 96}), kv96 = e4m3({1, 10, 2, 96});
   const ElementLocation none =
-      fa3_wgmma_sm90::locate_on(make_params(q64, kv64, kv64, at::Tensor(), at::Tensor(), {}), 0, 0, 1, 1, 132, 50 << 20);
-  EXPECT_NE(none.unavailable.find("takes e4m3 at head_dim 128, 256; got 64"), std::string::npos) << none.unavailable;
+      fa3_wgmma_sm90::locate_on(make_params(q96, kv96, kv96, at::Tensor(), at::Tensor(), {}), 0, 0, 1, 1, 132, 50 << 20);
+  EXPECT_NE(none.unavailable.find("takes e4m3 at head_dim 64, 128, 256; got 96"), std::string::npos) << none.unavailable;
 }
 
 // The cuda-gdb stops name lines that exist: every marker of a stop that does

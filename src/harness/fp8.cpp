@@ -32,8 +32,8 @@ at::Tensor per_head_factors(const at::Tensor& descale, const at::Tensor& cu_seql
   const at::Tensor per_head = descale.to(dtype).repeat_interleave(heads / descale.size(1), 1);
   if (!cu_seqlens.defined()) return per_head.unsqueeze(1).unsqueeze(-1);
   const at::Tensor lengths = sequence_lengths(cu_seqlens);
-  TORCH_CHECK(lengths.sum().item<int64_t>() == rows, "packed e4m3 values have ", rows,
-              " rows; cu_seqlens covers ", lengths.sum().item<int64_t>());
+  const int64_t covered = lengths.sum().item<int64_t>();
+  TORCH_CHECK(covered == rows, "packed e4m3 values have ", rows, " rows; cu_seqlens covers ", covered);
   return per_head.repeat_interleave(lengths.to(per_head.device()), 0, rows).unsqueeze(-1);
 }
 
@@ -111,8 +111,8 @@ Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scalin
   at::Tensor descale;
   switch (scaling) {
     case Fp8Scaling::per_head:
-      if (packed) {  // a row a sequence; an empty one keeps 0 (then 1 below: nothing to scale)
-        descale = at::zeros({batch, kv_heads}, float32);
+      if (packed) {  // a row a sequence; an empty one keeps 448 (factor 1 below: nothing to scale)
+        descale = at::full({batch, kv_heads}, kE4m3Max, float32);
         const at::Tensor lengths = sequence_lengths(cu_seqlens);
         int64_t start = 0;
         for (int64_t b = 0; b < batch; ++b) {
@@ -120,7 +120,6 @@ Fp8Tensor quantize_e4m3(const at::Tensor& x, int64_t kv_heads, Fp8Scaling scalin
           if (length > 0) descale[b].copy_(head_amax(values.narrow(0, start, length).unsqueeze(0))[0]);
           start += length;
         }
-        descale = at::where(descale > 0, descale, at::full_like(descale, kE4m3Max));
       } else {
         descale = head_amax(values);
       }

@@ -464,6 +464,14 @@ std::vector<KernelCase> backward_window_cases(int compute_capability, const Kern
                                   std::string(dtype_label(spec.dtype)) +
                                       seqlen_label(seqlen_q, seqlen_k) + masks_label(spec),
                                   spec, compute_capability);
+        // Every other window again at head_dim 256 (fa3's head dim split).
+        if (index % 2 == 1 && seqlen_q > seqlen_k) {
+          spec.head_dim = 256;
+          add_if_backward_supported(cases, kernel,
+                                    std::string(dtype_label(spec.dtype)) + seqlen_label(seqlen_q, seqlen_k) +
+                                        "_d256" + masks_label(spec),
+                                    spec, compute_capability);
+        }
       }
   return cases;
 }
@@ -516,6 +524,7 @@ std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kern
   const std::vector<Masked> shapes = {
       {{1023, 113}, true, -1, -1}, {{113, 7}, true, -1, -1}, {{7, 1023}, true, 3, 0},
       {{113, 300}, false, 0, 0},   {{300, 113}, false, 5, 0}};
+  const size_t kHeadDim256 = 0, kHeadDim256Also = 2;  // shapes also run at head_dim 256
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {
     for (size_t index = 0; index < shapes.size(); ++index) {
@@ -532,6 +541,14 @@ std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kern
                                     seqlen_label(spec.seqlen_q, spec.seqlen_k) + "_kv" +
                                     std::to_string(spec.kv_heads) + masks_label(spec),
                                 spec, compute_capability);
+      if (index == kHeadDim256 || index == kHeadDim256Also) {
+        spec.head_dim = 256;
+        add_if_backward_supported(cases, kernel,
+                                  std::string(dtype_label(spec.dtype)) +
+                                      seqlen_label(spec.seqlen_q, spec.seqlen_k) + "_kv" +
+                                      std::to_string(spec.kv_heads) + "_d256" + masks_label(spec),
+                                  spec, compute_capability);
+      }
     }
     // Sequences without keys (every row masked) and empty sequences.
     for (const size_t index : {size_t{4}, size_t{3}}) {
@@ -610,6 +627,8 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},
       // no mask, three key blocks, three query blocks (d64): fa3's rotated walks
       {"fp16_d64_q300_k257_deterministic", fp16, 64, 1, 1, 1, 300, 257, false, -1, -1, false, true},
+      // fa3's head dim split: two consumers swapping S^T / dP^T, one dO stage
+      {"bf16_d256_q203_k113_kv1_w17_33", bf16, 256, 1, 2, 1, 203, 113, false, 17, 33, false, false},
   };
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {

@@ -247,8 +247,9 @@ TEST(SanitizerCases, CoverEveryBackwardAtHeadDims64And128AndItsDeterministicMode
     EXPECT_EQ(deterministic, 2) << kernel.name << ": two --deterministic sanitizer cases";
   }
   EXPECT_GT(kernels, 0) << "no registered kernel has a backward pass";
-  // A backward run costs about two or three forward runs under each tool.
-  EXPECT_LE(cases.size(), 18u) << "backward sanitizer runs per tool";
+  // A backward run costs about two or three forward runs under each tool
+  // (20 since session 29: the head_dim 256 case of fa2 and fa3, tiny).
+  EXPECT_LE(cases.size(), 20u) << "backward sanitizer runs per tool";
   for (const auto& kernel_case : cases) {
     EXPECT_LE(score_elements(kernel_case.spec), 1 << 17) << kernel_case.name << " is not tiny";
   }

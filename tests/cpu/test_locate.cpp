@@ -388,15 +388,23 @@ void check_backward_layout(bool causal, bool deterministic) {
       // Back through the kernel's acc_dk[n * 4 + h * 2 + e] pattern.
       const int consumer = at.dk.thread[0] / 128 - 1, warp = at.dk.thread[0] % 128 / 32, lane = at.dk.lane;
       const int n = at.dk.index[0] / 4, h = at.dk.index[0] % 4 / 2, e = at.dk.index[0] % 2;
-      EXPECT_EQ(consumer * 64 + warp * 16 + lane / 4 + 8 * h, row);
-      EXPECT_EQ(n * 8 + lane % 4 * 2 + e, col);
+      // Keys split: a consumer's 64 keys; head dim split: its columns.
+      const int first_key = Tr::kSplitsHeadDim ? 0 : consumer * 64;
+      const int first_column = Tr::kSplitsHeadDim ? consumer * Tr::kKeyGradColumns : 0;
+      EXPECT_EQ(first_key + warp * 16 + lane / 4 + 8 * h, row);
+      EXPECT_EQ(first_column + n * 8 + lane % 4 * 2 + e, col);
+      EXPECT_LT(at.dk.index[0], Tr::kKeyGradColumns / 2);
       EXPECT_EQ(at.dv.thread[0], at.dk.thread[0]);
       if (row >= Tr::kBlockM) continue;
       ASSERT_TRUE(at.queries_unavailable.empty());
-      EXPECT_TRUE(query_slots.insert({at.dq.thread[0], at.dq.index[0]}).second) << row << "," << col;
-      const int slab = at.dq.thread[0] / 128 - 1, dq_warp = at.dq.thread[0] % 128 / 32;
+      // The consumer's thread and register; the slab (of its kDqSlabs, in the
+      // same registers) from the accumulator element.
+      const int dq_consumer = at.dq.thread[0] / 128 - 1, dq_warp = at.dq.thread[0] % 128 / 32;
       const int dq_n = at.dq.index[0] / 4, slot = at.dq.index[0] % 4;
-      const int group = slab * 32 + dq_n * 4 + dq_warp;
+      const int group = static_cast<int>(at.dq_accum_element / 4 / 32);
+      EXPECT_TRUE(query_slots.insert({group, at.dq.index[0] * 32 + at.dq.lane}).second) << row << "," << col;
+      EXPECT_EQ(group / 32 / Tr::kDqSlabs, dq_consumer);
+      EXPECT_EQ(group % 32, dq_n * 4 + dq_warp);
       const FragmentOrigin origin = fa3_wgmma_sm90::SlabDqOrder<Tr>::origin(group, at.dq.lane);
       EXPECT_EQ(origin.row + 8 * (slot / 2), row);
       EXPECT_EQ(origin.col + slot % 2, col);
@@ -435,6 +443,8 @@ TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {
       check_backward_layout<64>(causal, deterministic);
       check_backward_layout<128>(causal, deterministic);
     }
+  check_backward_layout<256>(true, false);  // the head dim split (no deterministic mode)
+  check_backward_layout<256>(false, false);
 }
 
 TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {

@@ -213,6 +213,15 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
   if (!reason.empty()) return reason;
   if (params.trace.enabled())
     return "fa3_wgmma_sm90's backward records no tile states (tile traces are forward only)";
+  bool splits_head_dim = false;
+  FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim,
+                           [&] { splits_head_dim = DefaultBwdTraits<kHeadDim>::type::kSplitsHeadDim; });
+  if (splits_head_dim && params.deterministic)
+    return "fa3_wgmma_sm90's backward has no deterministic mode at head_dim " + std::to_string(params.head_dim) +
+           " (fa2_mma_sm80 has one)";
+  if (splits_head_dim && params.modification.per_element())
+    return "fa3_wgmma_sm90's backward takes no softcap or ALiBi at head_dim " + std::to_string(params.head_dim) +
+           " (fa2_mma_sm80 does; sinks alone run)";
   if (!aligned_pointer(params.dout) || !aligned_pointer(params.dq) || !aligned_pointer(params.dk) ||
       !aligned_pointer(params.dv))
     return "fa3_wgmma_sm90's backward needs dout, dq, dk and dv to start on 16-byte boundaries (TMA)";

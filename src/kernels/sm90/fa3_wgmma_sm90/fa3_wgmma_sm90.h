@@ -29,7 +29,7 @@ namespace flashlab::fa3_wgmma_sm90 {
 using HeadDims = HeadDimList<64, 128, 256>;
 // The head dims the backward has code for (fa3_wgmma_sm90_bwd_kernel.cuh);
 // the generated backward file of another forward head dim instantiates nothing.
-using BackwardHeadDims = HeadDimList<64, 128>;
+using BackwardHeadDims = HeadDimList<64, 128, 256>;
 
 // ElementBytes: 2 for fp16 / bf16, 1 for e4m3 (FP8: the V tile is V^T, keys
 // contiguous, one 128-byte panel of BlockN = 128 keys). Q and K are column
@@ -151,63 +151,87 @@ inline constexpr size_t kFp8VtOffset = 256;
 
 // ---------------------------------------------------------------------------
 // The backward's tiling (fa3_wgmma_sm90_bwd_kernel.cuh; the algorithm is
-// described there).
-template <int HeadDim, int BlockM, int Stages = 2>
+// described there). Two layouts of the two consumer warpgroups:
+// - keys split (head_dim 64, 128): each consumer owns 64 of the block's 128
+//   keys and accumulates their dK / dV over the whole head dim;
+// - head dim split (SplitsHeadDim, head_dim 256, where one warpgroup's dK and
+//   dV of 64 keys x 256 columns would take 256 registers a thread): both own
+//   the block's 64 keys, one computes S^T and the other dP^T, they swap them
+//   through shared memory, and each accumulates dK / dV / dQ of half the
+//   columns.
+template <int HeadDim, int BlockM, int Stages = 2, bool SplitsHeadDim = false>
 struct BwdTraits {
   static constexpr int kHeadDim = HeadDim;
+  static constexpr bool kSplitsHeadDim = SplitsHeadDim;
   static constexpr int kBlockM = BlockM;  // query rows a step
-  static constexpr int kBlockN = 128;     // keys a CTA: 64 a consumer warpgroup
-  static constexpr int kStages = Stages;  // Q and dO rings
+  static constexpr int kBlockN = SplitsHeadDim ? 64 : 128;  // keys a CTA
+  static constexpr int kStages = Stages;  // Q ring (with the rows' LSE)
+  // dO ring (with the rows' D): one stage at the head-dim split, whose two
+  // 32 KB dO stages and the swap buffers would not fit beside two Q stages.
+  static constexpr int kDoStages = SplitsHeadDim ? 1 : Stages;
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
   static constexpr int kQTileBytes = BlockM * HeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
   static constexpr int kDsTileBytes = kBlockN * BlockM * 2;  // dS^T: keys as rows
+  // A consumer's keys (rows of its dK / dV) and dK / dV columns.
+  static constexpr int kConsumerKeys = SplitsHeadDim ? kBlockN : kBlockN / kConsumers;
+  static constexpr int kKeyGradColumns = SplitsHeadDim ? HeadDim / kConsumers : HeadDim;
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters =
       (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * kConsumers) / 8 * 8;
-  // Each consumer's dQ slab is 64 rows x 64 columns: split along the head dim
-  // when the block has 64 rows, along the rows when it has 128.
+  // dQ goes out in 64 x 64 slabs, kDqSlabs per consumer a step: split along
+  // the head dim when the block has 64 rows, along the rows when it has 128.
   static constexpr bool kDqSplitsColumns = BlockM == 64;
   static constexpr int kDqSlabFloats = 64 * 64;
+  static constexpr int kDqSlabs = BlockM * HeadDim / kDqSlabFloats / kConsumers;
   // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
   // w's slab staged (w's 128 threads arrive, w's writer warp syncs); the
-  // writer has read w's slab (the writer arrives, w's threads sync).
+  // writer has read w's slab (the writer arrives, w's threads sync); both
+  // consumers' S^T / dP^T in the swap buffers (head dim split).
   static constexpr int kDsStoredBarrier = 1;
   static constexpr int kDqFullBarrier = 2;   // + consumer
   static constexpr int kDqEmptyBarrier = 4;  // + consumer
+  static constexpr int kSwappedBarrier = 6;
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
   // of the rows, then the barriers; +1024 to align the base for the swizzle.
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kKVTileBytes;
   static constexpr int kQOffset = kVOffset + kKVTileBytes;
   static constexpr int kDoOffset = kQOffset + Stages * kQTileBytes;
-  static constexpr int kDsOffset = kDoOffset + Stages * kQTileBytes;
+  static constexpr int kDsOffset = kDoOffset + kDoStages * kQTileBytes;
   // Per ring stage the rows' LSE_log2 (with Q) then D (with dO), bulk-copied.
   static constexpr int kStatsOffset = kDsOffset + 2 * kDsTileBytes;
   static constexpr int kStatsFloats = 2 * BlockM;  // a stage's
-  // Deterministic mode: each consumer's dQ slab (float32, fragment order) for its writer warp.
-  static constexpr int kDqStageOffset = kStatsOffset + Stages * kStatsFloats * 4;
-  static constexpr int kDqSlabBytes = 64 * 64 * 4;
+  // Head dim split: S^T (consumer 0's P^T) and dP^T (consumer 1's), float32
+  // in accumulator order, each thread's values where its partner reads them.
+  static constexpr int kSwapOffset = kStatsOffset + Stages * kStatsFloats * 4;
+  static constexpr int kSwapBytes = SplitsHeadDim ? kConsumerKeys * BlockM * 4 : 0;  // one consumer's
+  // Deterministic mode: each consumer's dQ slab (float32, fragment order) for
+  // its writer warp (none at the head dim split: no deterministic mode).
+  static constexpr int kDqStageOffset = kSwapOffset + kConsumers * kSwapBytes;
+  static constexpr int kDqSlabBytes = SplitsHeadDim ? 0 : 64 * 64 * 4;
   static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
   static constexpr int kBarriers = 1 + 4 * Stages;  // BwdBarriers: kv full; q, do full/empty a stage
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
   static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");
+  static_assert(!SplitsHeadDim || (BlockM == 64 && HeadDim % 128 == 0), "split: 64-row blocks, whole panels a half");
   static_assert(kConsumerRegisters == 240, "two consumers at 240 registers");
-  static_assert(64 * 64 * kConsumers == BlockM * HeadDim, "two 64 x 64 dQ slabs tile the block");
+  static_assert(kDqSlabs * kDqSlabFloats * kConsumers == BlockM * HeadDim, "64 x 64 dQ slabs tile the block");
 };
 
-// FA3's sm90 tiles: 128 x 128 at head_dim 64, 64 x 128 at 128.
+// FA3's sm90 tiles: 128 x 128 at head_dim 64, 64 x 128 at 128; at 256 64 x
+// 64 with the head dim split (FA3: 64 x 80, dK / dV / dQ transposed).
 template <int HeadDim>
 struct DefaultBwdTraits {
-  using type = BwdTraits<HeadDim, (HeadDim <= 64 ? 128 : 64)>;
+  using type = BwdTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), 2, (HeadDim > 128)>;
 };
 
-// The accumulator's fragment order (backward_dq.cuh): block = 2 slabs of
-// 64 x 64, slab w = consumer w's dQ; group g of a slab = (n8 column tile
+// The accumulator's fragment order (backward_dq.cuh): block = slabs of
+// 64 x 64 (consumer w's are w * kDqSlabs ..); group g of a slab = (n8 column tile
 // g / 4, warp g % 4): the 32 registers of a wgmma m64n64 accumulator, four at
 // a time, each warp's four values of one column tile together (512 bytes).
 template <class Tr>

@@ -4,40 +4,50 @@
 // (common/backward_dq.cuh):
 //
 // 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32.
-// 2. main (this file): one CTA per (key block of 128 keys, kv head, batch).
+// 2. main (this file): one CTA per (key block, kv head, batch).
 //    Three warpgroups.
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
 //    first thread loads K and V once (TMA, one transaction barrier), then for
 //    each query head of the kv head's group and each query block that sees
-//    the keys (visible_rows_of_keys) the Q and dO tiles, through two-stage
-//    rings, with the rows' LSE in base 2 and D (written padded to whole
-//    query blocks by the preprocess) bulk-copied onto the same barriers.
-//    Warpgroups 1 and 2 are consumers (240 registers), each owning 64 of the
-//    block's keys, and compute transposed scores so that P and dS land in
-//    registers as the A operands of dV and dK:
+//    the keys (visible_rows_of_keys) the Q and dO tiles, through rings, with
+//    the rows' LSE in base 2 and D (written padded to whole query blocks by
+//    the preprocess) bulk-copied onto the same barriers.
+//    Warpgroups 1 and 2 are consumers (240 registers) and compute transposed
+//    scores so that P and dS land in registers as the A operands of dV and dK:
 //      S^T  = K Q^T,  dP^T = V dO^T                 (wgmma SS, K-major, N = BlockM queries)
 //      P^T  = exp2(S^T * scale * log2e - LSE_log2)  (mask as a column policy, VisibleKeyMask)
 //      dS^T = P^T * (dP^T - D)
 //      dV  += P^T dO,  dK += dS^T Q                 (wgmma RS, dO / Q MN-major)
 //      dQ   = dS K                                  (wgmma SS, both MN-major: dS^T is stored
 //                                                    to shared memory keys-as-rows)
-//    Each consumer takes a 64 x 64 slab of dQ (head_dim 128: 64 query rows x
-//    half the columns; head_dim 64: half the 128 query rows x all columns) and
-//    adds it to the float32 accumulator with red.global.add.v4.f32 from
-//    registers, in wgmma fragment order (SlabDqOrder). dS has two shared
+//    Two layouts of the consumers (BwdTraits):
+//    - keys split (head_dim 64, 128): 128 keys a CTA, each consumer owns 64
+//      of them and computes both GEMMs of its keys' scores;
+//    - head dim split (head_dim 256, where dK and dV of 64 keys x 256 columns
+//      alone would take 256 registers a thread): 64 keys a CTA, consumer 1
+//      computes S^T and P^T, consumer 2 dP^T; they swap the two through
+//      shared memory (float32, one named barrier a step), both form dS^T,
+//      and each accumulates dK / dV of half the head dim.
+//    dQ goes out in 64 x 64 slabs (64 query rows x 64 columns at head_dim
+//    128 and 256: one a consumer at 128, two in turn at 256; head_dim 64:
+//    half the 128 query rows x all columns), added to the float32 accumulator with red.global.add.v4.f32
+//    from registers, in wgmma fragment order (SlabDqOrder). dS has two shared
 //    buffers, so one named barrier a step orders both consumers' dS stores
 //    before either reads the other's. dK * scale and dV go out from registers.
 // 3. convert: dq = scale * accumulator in the input dtype.
 //
-// Tiling (BwdTraits): 128 keys per CTA; query blocks of 64 rows at head_dim
-// 128 and 128 rows at 64 (FA3's sm90 tiles); Q/dO rings of 2 stages; shared
-// memory K + V + 2 x (Q + dO) + 2 x dS = 160 KB at both head dims.
+// Tiling (BwdTraits): 128 keys per CTA and query blocks of 64 rows at head_dim
+// 128, 128 rows at 64 (FA3's sm90 tiles), Q/dO rings of 2 stages: shared
+// memory K + V + 2 x (Q + dO) + 2 x dS = 160 KB at both head dims. head_dim
+// 256: 64 keys x 64 query rows, 2 Q stages and 1 dO stage, 2 x 16 KB swap
+// buffers: 210 KB.
 //
-// Limits: fp16 / bf16, head_dim 64 and 128 (BackwardHeadDims; others run at
-// a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
+// Limits: fp16 / bf16, head_dim 64, 128 and 256 (BackwardHeadDims; others run
+// at a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
-// elements (TMA). A persistent schedule and a TMA-store epilogue are not
-// built.
+// elements (TMA). At head_dim 256 no deterministic mode and no softcap or
+// ALiBi (the host path runs those on fa2_mma_sm80). A persistent schedule and
+// a TMA-store epilogue are not built.
 //
 // Score modifications (softcap, ALiBi, sinks): the kModified instantiations
 // take S^T through common/score_modification.h before the mask and multiply
@@ -219,7 +229,12 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
     const int head = kv_head * group + walk.head_in_group(step);
     const int m0 = walk.query_block(step) * kBM;
     const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(step);
+    const auto [do_stage, do_phase] = sm90::RingSlot<Tr::kDoStages>(step);
+    // The stage's LSE rows, and D after them in the dO stage's slot.
     float* const stats = reinterpret_cast<float*>(smem + Tr::kStatsOffset) + stage * Tr::kStatsFloats;
+    float* const d_stats = Tr::kDoStages == Tr::kStages
+                               ? stats + kBM
+                               : reinterpret_cast<float*>(smem + Tr::kStatsOffset) + do_stage * Tr::kStatsFloats + kBM;
     const int64_t stats_row = head * args.stats_rows + stats_row0 + m0;
     sm90::mbarrier_wait(&bar.q_empty[stage], phase ^ 1);
     sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes + kBM * 4);
@@ -228,13 +243,13 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
       sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
                         &bar.q_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
     sm90::bulk_load(stats, args.lse_log2 + stats_row, kBM * 4, &bar.q_full[stage]);
-    sm90::mbarrier_wait(&bar.do_empty[stage], phase ^ 1);
-    sm90::mbarrier_arrive_expect_tx(&bar.do_full[stage], Tr::kQTileBytes + kBM * 4);
+    sm90::mbarrier_wait(&bar.do_empty[do_stage], do_phase ^ 1);
+    sm90::mbarrier_arrive_expect_tx(&bar.do_full[do_stage], Tr::kQTileBytes + kBM * 4);
 #pragma unroll 1
     for (int panel = 0; panel < Tr::kPanels; ++panel)
-      sm90::tma_load_4d(smem + Tr::kDoOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.do_map,
-                        &bar.do_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
-    sm90::bulk_load(stats + kBM, args.dsum + stats_row, kBM * 4, &bar.do_full[stage]);
+      sm90::tma_load_4d(smem + Tr::kDoOffset + do_stage * Tr::kQTileBytes + panel * kBM * 128, &args.do_map,
+                        &bar.do_full[do_stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
+    sm90::bulk_load(d_stats, args.dsum + stats_row, kBM * 4, &bar.do_full[do_stage]);
   }
 }
 
@@ -389,22 +404,23 @@ __device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane,
 }
 
 // The epilogue: dK * scale and dV of this thread's keys (zeros for a key
-// block no query row sees), 4-byte stores of the keys < seqlen_k.
+// block no query row sees), columns column0 .. + kKeyGradColumns, 4-byte
+// stores of the keys < seqlen_k.
 template <class Tr, typename Element>
 __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParams& p,
                                                     const BackwardSequenceView& view, int kv_head, int n0,
-                                                    int key_row0, int quad_col,
-                                                    const float (&acc_dk)[Tr::kHeadDim / 2],
-                                                    const float (&acc_dv)[Tr::kHeadDim / 2]) {
-  Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride;
-  Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride;
+                                                    int key_row0, int column0, int quad_col,
+                                                    const float (&acc_dk)[Tr::kKeyGradColumns / 2],
+                                                    const float (&acc_dv)[Tr::kKeyGradColumns / 2]) {
+  Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride + column0;
+  Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride + column0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = n0 + key_row0 + h * 8;
     if (key < view.seqlen_k) {
       // cuda-gdb: key `key`'s dK and dV sums over the walk, before the store (fa3_wgmma_sm90_bwd_locate.cpp).
 #pragma unroll
-      for (int n = 0; n < Tr::kHeadDim / 8; ++n) {
+      for (int n = 0; n < Tr::kKeyGradColumns / 8; ++n) {
         const int col = n * 8 + quad_col * 2;
         *reinterpret_cast<uint32_t*>(dk_out + static_cast<int64_t>(key) * p.dk_row_stride + col) =
             sm80::pack2<Element>(acc_dk[n * 4 + h * 2] * p.softmax_scale, acc_dk[n * 4 + h * 2 + 1] * p.softmax_scale);
@@ -415,14 +431,38 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
   }
 }
 
+// Head dim split: a consumer's m64nBlockM accumulator into its swap buffer,
+// or its partner's out of the other one: float4 g of thread t at g * 128 + t
+// (each warp's 512 bytes contiguous: no bank conflicts).
+template <int kValues>
+__device__ __forceinline__ void store_swapped(float* buffer, int thread, const float (&acc)[kValues]) {
+#pragma unroll
+  for (int g = 0; g < kValues / 4; ++g)
+    reinterpret_cast<float4*>(buffer)[g * 128 + thread] = make_float4(acc[g * 4], acc[g * 4 + 1], acc[g * 4 + 2],
+                                                                      acc[g * 4 + 3]);
+}
+template <int kValues>
+__device__ __forceinline__ void load_swapped(const float* buffer, int thread, float (&acc)[kValues]) {
+#pragma unroll
+  for (int g = 0; g < kValues / 4; ++g) {
+    const float4 v = reinterpret_cast<const float4*>(buffer)[g * 128 + thread];
+    acc[g * 4] = v.x, acc[g * 4 + 1] = v.y, acc[g * 4 + 2] = v.z, acc[g * 4 + 3] = v.w;
+  }
+}
+
 // ---------------------------------------------------------------------------
-// A consumer warpgroup: its 64 keys of the block against every query block of the walk.
+// A consumer warpgroup: its keys of the block (Tr::kConsumerKeys) against every
+// query block of the walk; with the head dim split, its half of the columns.
 template <class Tr, typename Element, bool kDeterministic, bool kModified>
 __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args,
                                                  unsigned char* smem, const BwdBarriers<Tr>& bar) {
   constexpr int kD = Tr::kHeadDim;
   constexpr int kBM = Tr::kBlockM;
   constexpr int kBN = Tr::kBlockN;
+  constexpr bool kSplit = Tr::kSplitsHeadDim;
+  constexpr int kGradColumns = Tr::kKeyGradColumns;
+  static_assert(!kSplit || (!kDeterministic && !kModified),
+                "the head dim split has no deterministic mode and no score modification");
   const AttentionBackwardParams& p = args.params;
   uint64_t* kv_full = bar.kv_full;
   uint64_t* q_full = bar.q_full;
@@ -433,11 +473,14 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   const uint32_t base = sm90::smem_address(smem);
   const uint32_t k_address = base + Tr::kKOffset, v_address = base + Tr::kVOffset;
 
-  const int consumer = threadIdx.x / 128 - 1;  // which 64 keys of the block
+  // Keys split: which 64 keys of the block; head dim split: which half of
+  // the columns, and consumer 0 computes S^T, consumer 1 dP^T.
+  const int consumer = threadIdx.x / 128 - 1;
   const int thread = threadIdx.x % 128;
   const int warp = thread / 32, lane = thread % 32;
   const int quad_row = lane / 4, quad_col = lane % 4;
-  const int key_row0 = consumer * 64 + warp * 16 + quad_row;  // this thread's first key in the block
+  const int key_row0 = (kSplit ? 0 : consumer * 64) + warp * 16 + quad_row;  // this thread's first key in the block
+  const int grad_column0 = kSplit ? consumer * kGradColumns : 0;             // its first dK / dV column
 
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   const int group = p.heads / p.kv_heads;
@@ -449,59 +492,67 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   if (n_block < 0) return;
   const int n0 = n_block * kBN;
   const QueryWalk walk = query_walk<Tr>(args, view, n_block);
-  // This consumer's dQ slab: A = dS rows (query panel), B = K columns (head-dim panel).
-  const int dq_query_panel = Tr::kDqSplitsColumns ? 0 : consumer;
-  const int dq_column_panel = Tr::kDqSplitsColumns ? consumer : 0;
 
   float acc_s[kBM / 2], acc_dp[kBM / 2];
   uint32_t p_frag[kBM / 16][4], ds_frag[kBM / 16][4];
   float acc_dq[32];
-  float acc_dk[kD / 2], acc_dv[kD / 2];
+  float acc_dk[kGradColumns / 2], acc_dv[kGradColumns / 2];
 
-  // S^T = K Q^T (or dP^T = V dO^T): 64 keys of this consumer x kBM queries.
+  // S^T = K Q^T (or dP^T = V dO^T): 64 keys (this consumer's) x kBM queries.
   const auto issue_scores = [&](float (&acc)[kBM / 2], uint32_t keys, uint32_t queries) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       const uint32_t column_bytes = (ks % 4) * 32;
       const uint64_t desc_keys = sm90::make_smem_descriptor_sw128(
-          keys + (ks / 4) * kBN * 128 + consumer * 64 * 128 + column_bytes, 16, 1024);
+          keys + (ks / 4) * kBN * 128 + (kSplit ? 0 : consumer * 64 * 128) + column_bytes, 16, 1024);
       const uint64_t desc_queries = sm90::make_smem_descriptor_sw128(
           queries + (ks / 4) * kBM * 128 + column_bytes, 16, 1024);
       sm90::wgmma_ss<kBM, Element>(acc, desc_keys, desc_queries, ks > 0);
     }
     sm90::wgmma_commit();
   };
-  // acc += frag^T-as-A x tile (dV += P^T dO, dK += dS^T Q): tile MN-major.
-  const auto issue_key_gradient = [&](float (&acc)[kD / 2], const uint32_t (&frag)[kBM / 16][4],
+  // acc += frag^T-as-A x tile's columns grad_column0.. (dV += P^T dO, dK +=
+  // dS^T Q): tile MN-major, 64-column panels kBM * 128 bytes apart.
+  const auto issue_key_gradient = [&](float (&acc)[kGradColumns / 2], const uint32_t (&frag)[kBM / 16][4],
                                       uint32_t tile) {
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {
-      const uint64_t desc = sm90::make_smem_descriptor_sw128(tile + kk * 16 * 128, kBM * 128, 1024);
-      sm90::wgmma_rs<kD, Element>(acc, frag[kk], desc, 1);
+      const uint64_t desc = sm90::make_smem_descriptor_sw128(
+          tile + grad_column0 / 64 * kBM * 128 + kk * 16 * 128, kBM * 128, 1024);
+      sm90::wgmma_rs<kGradColumns, Element>(acc, frag[kk], desc, 1);
     }
     sm90::wgmma_commit();
   };
-  // dQ slab = dS K: A = dS^T buffer (keys as rows, MN-major), B = K (MN-major).
-  const auto issue_dq = [&](uint32_t ds_tile) {
+  // dQ slab slab_in_consumer of this consumer's (kDqSlabs: 2 at the head dim
+  // split, along the columns) = dS K: A = dS^T buffer (keys as rows,
+  // MN-major), B = K (MN-major).
+  static_assert(Tr::kDqSplitsColumns || Tr::kDqSlabs == 1, "several slabs a consumer lie along the columns");
+  const int dq_query_panel = Tr::kDqSplitsColumns ? 0 : consumer;  // of the consumer's first slab
+  const int dq_column_panel = Tr::kDqSplitsColumns ? consumer * Tr::kDqSlabs : 0;
+  const auto issue_dq = [&](uint32_t ds_tile, int slab_in_consumer) {
+    const int query_panel = dq_query_panel;
+    const int column_panel = dq_column_panel + slab_in_consumer;
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       const uint64_t desc_ds = sm90::make_smem_descriptor_sw128(
-          ds_tile + dq_query_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
+          ds_tile + query_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
       const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
-          k_address + dq_column_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
+          k_address + column_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
       sm90::wgmma_ss_mn_major<64, Element>(acc_dq, desc_ds, desc_k, kk > 0);
     }
     sm90::wgmma_commit();
   };
   // dS^T into a buffer: row = key, 64-query panels of 128-byte swizzled rows.
+  // Head dim split: both consumers hold all of dS^T, each stores half the columns.
   const auto store_ds = [&](unsigned char* ds_tile) {
 #pragma unroll
     for (int n = 0; n < kBM / 8; ++n)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if (kSplit && n / (kBM / 16) != consumer) continue;  // (n static: ds_frag stays in registers)
         const int key = key_row0 + h * 8;
         const int query = n * 8 + quad_col * 2;
         const int chunk = (query % 64) / 8 ^ (key % 8);
@@ -511,9 +562,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   };
   // Every consumer thread arrives, after its reads of the stage (BwdBarriers).
   const auto release = [&](uint64_t* barrier) { sm90::mbarrier_arrive(barrier); };
-
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+  for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
   if (walk.steps > 0) sm90::mbarrier_wait(kv_full, 0);
   {
     uint32_t iteration = 0;
@@ -522,45 +572,84 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       const int head = kv_head * group + walk.head_in_group(step);
       const int m0 = walk.query_block(step) * kBM;
       const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(iteration);
+      const sm90::RingSlot<Tr::kDoStages> do_slot(iteration);
+      // (The keys split's rings turn together: the Q stage's own values.)
+      const int do_stage = Tr::kDoStages == Tr::kStages ? stage : do_slot.stage;
+      const uint32_t do_phase = Tr::kDoStages == Tr::kStages ? phase : do_slot.phase;
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
-      const uint32_t do_tile = base + Tr::kDoOffset + stage * Tr::kQTileBytes;
+      const uint32_t do_tile = base + Tr::kDoOffset + do_stage * Tr::kQTileBytes;
       const int ds_buffer = iteration % 2;
+      // The step's mask flag and stats rows, computed where they are first
+      // needed (ahead of the GEMMs they cost the keys split 1-2%, H200,
+      // session 29).
+      const auto is_masked = [&] {
+        return n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
+      };
+      const auto lse_rows_of_stage = [&] { return stats_smem + stage * Tr::kStatsFloats; };
+      const auto d_rows_of_stage = [&](const float* lse_rows) {
+        return Tr::kDoStages == Tr::kStages ? lse_rows + kBM : stats_smem + do_stage * Tr::kStatsFloats + kBM;
+      };
 
       sm90::mbarrier_wait(&q_full[stage], phase);
-      issue_scores(acc_s, k_address, q_tile);
-      sm90::mbarrier_wait(&do_full[stage], phase);
-      issue_scores(acc_dp, v_address, do_tile);
-
-      sm90::wgmma_wait<1>();
-      sm90::fence_registers(acc_s);
-      const bool masked = n0 + kBN > view.seqlen_k || mask.needs_mask(m0, m0 + kBM - 1, n0, n0 + kBN - 1);
-      const float* lse_rows = stats_smem + stage * Tr::kStatsFloats;
-      const float* d_rows = lse_rows + kBM;
-      // P^T while dP^T may still run, then dS^T.
-      const auto probabilities_then_gradients = [&] {
-        transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
+      if constexpr (kSplit) {
+        // One GEMM each (the same code, other operands), then P^T and dP^T
+        // swapped through shared memory: both consumers then hold P^T and
+        // dS^T of all 64 keys. Both read both buffers back, so no register
+        // array depends on the consumer (ptxas spilled 504 bytes merging
+        // the two branches' wgmma registers otherwise).
+        float* const swapped = reinterpret_cast<float*>(smem + Tr::kSwapOffset);
+        constexpr int kSwapFloats = Tr::kSwapBytes / 4;
+        sm90::mbarrier_wait(&do_full[do_stage], do_phase);
+        const bool scores = consumer == 0;
+        issue_scores(acc_s, scores ? k_address : v_address, scores ? q_tile : do_tile);
         sm90::wgmma_wait<0>();
-        sm90::fence_registers(acc_dp);
+        sm90::fence_registers(acc_s);
+        const bool masked = is_masked();
+        const float* lse_rows = lse_rows_of_stage();
+        const float* d_rows = d_rows_of_stage(lse_rows);
+        if (scores)
+          transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
+        store_swapped(swapped + consumer * kSwapFloats, thread, acc_s);
+        sm90::named_barrier_sync(Tr::kSwappedBarrier, 128 * Tr::kConsumers);
+        load_swapped(swapped, thread, acc_s);                 // P^T
+        load_swapped(swapped + kSwapFloats, thread, acc_dp);  // dP^T
         transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
-      };
-      if constexpr (kModified) {
-        const auto modifier = score_modifier<true, true>(p, batch, head, view.seqlen_q, view.seqlen_k);
-        if (modifier.has_softcap()) {
-          // After dP: P and dS together, ds'/ds recovered from s' (no factors
-          // live across the dP GEMM).
+      } else {
+        issue_scores(acc_s, k_address, q_tile);
+        sm90::mbarrier_wait(&do_full[do_stage], do_phase);
+        issue_scores(acc_dp, v_address, do_tile);
+
+        sm90::wgmma_wait<1>();
+        sm90::fence_registers(acc_s);
+        const bool masked = is_masked();
+        const float* lse_rows = lse_rows_of_stage();
+        const float* d_rows = d_rows_of_stage(lse_rows);
+        // P^T while dP^T may still run, then dS^T.
+        const auto probabilities_then_gradients = [&] {
+          transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
           sm90::wgmma_wait<0>();
           sm90::fence_registers(acc_dp);
-          modified_probabilities_and_gradients<Tr>(acc_s, acc_dp, lse_rows, d_rows, scale_log2, masked, mask,
-                                                   modifier, n0 + key_row0, m0, quad_col);
-        } else {  // ALiBi alone: ds'/ds = 1, the plain order
+          transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
+        };
+        if constexpr (kModified) {
+          const auto modifier = score_modifier<true, true>(p, batch, head, view.seqlen_q, view.seqlen_k);
+          if (modifier.has_softcap()) {
+            // After dP: P and dS together, ds'/ds recovered from s' (no factors
+            // live across the dP GEMM).
+            sm90::wgmma_wait<0>();
+            sm90::fence_registers(acc_dp);
+            modified_probabilities_and_gradients<Tr>(acc_s, acc_dp, lse_rows, d_rows, scale_log2, masked, mask,
+                                                     modifier, n0 + key_row0, m0, quad_col);
+          } else {  // ALiBi alone: ds'/ds = 1, the plain order
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            modifier.template apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
-                                                    [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+            for (int h = 0; h < 2; ++h)
+              modifier.template apply_column<kBM / 8>(n0 + key_row0 + h * 8, m0, quad_col * 2,
+                                                      [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+            probabilities_then_gradients();
+          }
+        } else {
           probabilities_then_gradients();
         }
-      } else {
-        probabilities_then_gradients();
       }
       // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
       sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
@@ -570,35 +659,44 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_proxy_async_shared();
       issue_key_gradient(acc_dv, p_frag, do_tile);
       sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
-      issue_dq(sm90::smem_address(ds_tile));
+      issue_dq(sm90::smem_address(ds_tile), 0);
       issue_key_gradient(acc_dk, ds_frag, q_tile);
-      sm90::wgmma_wait<1>();  // dV and dQ done
+      sm90::wgmma_wait<1>();  // dV and the first dQ slab done
       sm90::fence_registers(acc_dq);
       sm90::fence_registers(acc_dv);
-      release(&do_empty[stage]);
-      // cuda-gdb: this step's dQ slab of query block m0 / kBM, head `head` (fa3_wgmma_sm90_bwd_locate.cpp).
-      if constexpr (kDeterministic) {
-        // The slab to the writer warp (which adds it in its turn): its staging
-        // buffer, once the writer has read the previous one.
-        if (step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-        store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes), warp,
-                      lane, acc_dq);
-        sm90::fence_proxy_async_shared();
-        sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
-      } else {
-        // Straight from registers: 16-byte reductions, 512 contiguous bytes a
-        // warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
-        // the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
-        add_dq_slab(p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
-                        static_cast<int64_t>(m0) * p.dq_accum_row_stride + consumer * Tr::kDqSlabFloats,
-                    warp, lane, acc_dq);
+      release(&do_empty[do_stage]);
+#pragma unroll
+      for (int i = 0; i < Tr::kDqSlabs; ++i) {
+        const int slab = consumer * Tr::kDqSlabs + i;
+        if (i > 0) {  // the head dim split's second slab, in the same registers
+          issue_dq(sm90::smem_address(ds_tile), i);
+          sm90::wgmma_wait<0>();
+          sm90::fence_registers(acc_dq);
+        }
+        // cuda-gdb: this step's dQ slab `slab` of query block m0 / kBM, head `head` (fa3_wgmma_sm90_bwd_locate.cpp).
+        if constexpr (kDeterministic) {
+          // The slab to the writer warp (which adds it in its turn): its
+          // staging buffer, once the writer has read the previous one.
+          if (step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+          store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes), warp,
+                        lane, acc_dq);
+          sm90::fence_proxy_async_shared();
+          sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
+        } else {
+          // Straight from registers: 16-byte reductions, 512 contiguous bytes a
+          // warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
+          // the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
+          add_dq_slab(p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
+                          static_cast<int64_t>(m0) * p.dq_accum_row_stride + slab * Tr::kDqSlabFloats,
+                      warp, lane, acc_dq);
+        }
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
 
-    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, quad_col, acc_dk, acc_dv);
+    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, acc_dk, acc_dv);
   }
 }
 
@@ -694,10 +792,12 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
-    auto kernel = p.deterministic ? (modified ? fa3_backward_kernel<Tr, Element, true, true>
-                                              : fa3_backward_kernel<Tr, Element, true>)
-                                  : (modified ? fa3_backward_kernel<Tr, Element, false, true>
-                                              : fa3_backward_kernel<Tr, Element, false>);
+    auto kernel = fa3_backward_kernel<Tr, Element, false>;
+    // The head dim split has the plain mode only (backward_unsupported_reason).
+    if constexpr (!Tr::kSplitsHeadDim)
+      kernel = p.deterministic ? (modified ? fa3_backward_kernel<Tr, Element, true, true>
+                                           : fa3_backward_kernel<Tr, Element, true>)
+                               : (modified ? fa3_backward_kernel<Tr, Element, false, true> : kernel);
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
     const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.kv_heads, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);

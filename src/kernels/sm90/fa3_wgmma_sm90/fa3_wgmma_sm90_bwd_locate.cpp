@@ -6,12 +6,14 @@
 //   grid (key blocks of the longest sequence, kv heads, batch); key block n is
 //   blockIdx.x = n, or, deterministic under a right-bounded mask (causal,
 //   windows), the sequence's key blocks - 1 - n. Consumer warpgroup
-//   1 + (key % 128) / 64 owns the key, warp (key % 64) / 16 its 16-row slab:
-//   acc_dk / acc_dv[n * 4 + h * 2 + e] hold column 8 n + 2 t + e of the slab's
-//   row group + 8 h (common/mma_accumulator_layout.h), dK unscaled.
-//   dQ: each consumer owns a 64 x 64 slab of the query block (SlabDqOrder):
-//   acc_dq[n * 4 + slot] of thread (warp, lane) goes to accumulator group
-//   slab * 32 + n * 4 + warp, float (group * 32 + lane) * 4 + slot.
+//   1 + (key % 128) / 64 owns the key (head dim split: 1 + column /
+//   kKeyGradColumns, 64 keys a block), warp (key % 64) / 16 its 16-row slab:
+//   acc_dk / acc_dv[n * 4 + h * 2 + e] hold column 8 n + 2 t + e (of the
+//   consumer's columns) of the slab's row group + 8 h
+//   (common/mma_accumulator_layout.h), dK unscaled.
+//   dQ: the query block's 64 x 64 slabs (SlabDqOrder), kDqSlabs a consumer
+//   in turn: acc_dq[n * 4 + slot] of thread (warp, lane) goes to accumulator
+//   group slab * 32 + n * 4 + warp, float (group * 32 + lane) * 4 + slot.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -71,12 +73,16 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     location.key_block_cta[1] = kv_head;
     location.key_block_cta[2] = batch;
     const int in_block = row % Tr::kBlockN;
-    const int consumer = in_block / 64, warp = in_block % 64 / 16;
+    const int consumer = Tr::kSplitsHeadDim ? col / Tr::kKeyGradColumns : in_block / 64;
+    const int warp = in_block % 64 / 16;
     const AccumulatorPosition position = accumulator_position(in_block % 16, col % 8);
-    const int index = col / 8 * 4 + position.slot;
+    const int index = col % Tr::kKeyGradColumns / 8 * 4 + position.slot;
     location.dk = consumer_slot(consumer, warp, position.lane, "acc_dk", index);
     location.dv = consumer_slot(consumer, warp, position.lane, "acc_dv", index);
     location.key_note = "float32 sums over the walk, consumer warpgroup " + std::to_string(1 + consumer) +
+                        (Tr::kSplitsHeadDim ? " (columns " + std::to_string(consumer * Tr::kKeyGradColumns) + ".." +
+                                                  std::to_string((consumer + 1) * Tr::kKeyGradColumns - 1) + ")"
+                                            : std::string()) +
                         "; stored as dK = acc_dk * softmax_scale, dV = acc_dv (4-byte stores, the input dtype)";
     const int n0 = location.key_block * Tr::kBlockN;
     const int keys_here = std::min(Tr::kBlockN, view.seqlen_k - n0);
@@ -144,8 +150,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   const FragmentOrigin slab_origin{Tr::kDqSplitsColumns ? 0 : slab * 64, Tr::kDqSplitsColumns ? slab * 64 : 0};
   const int r = in_block - slab_origin.row, c = col - slab_origin.col;
   const int warp = r / 16, n = c / 8;
+  const int dq_consumer = slab / Tr::kDqSlabs;
   const AccumulatorPosition position = accumulator_position(r % 16, c % 8);
-  location.dq = consumer_slot(slab, warp, position.lane, "acc_dq", n * 4 + position.slot);
+  location.dq = consumer_slot(dq_consumer, warp, position.lane, "acc_dq", n * 4 + position.slot);
   const int fragment_group = slab * 32 + n * 4 + warp;
   location.dq_accum_element = static_cast<int64_t>(m0) * params.head_dim + (fragment_group * 32 + position.lane) * 4 +
                               position.slot;
@@ -153,7 +160,7 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
       "float32, this step's slab of the query block (unscaled: dq = softmax_scale * the sum); " +
       std::string(params.deterministic
                       ? "staged in shared memory and added by the slab's writer warp (threads " +
-                            std::to_string(32 * (1 + slab)) + ".." + std::to_string(32 * (2 + slab) - 1) +
+                            std::to_string(32 * (1 + dq_consumer)) + ".." + std::to_string(32 * (2 + dq_consumer) - 1) +
                             ") with a bulk reduce-add once the slab's semaphore reaches the block's rank"
                       : "added with red.global.add.v4.f32 from these registers, in whatever order the blocks "
                         "reach it") +
@@ -167,7 +174,8 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     dq_stop.marker = "cuda-gdb: this step's dQ slab";
     dq_stop.condition = "n_block == " + std::to_string(location.adding_key_blocks.front()) + " && head == " +
                         std::to_string(head) + " && m0 == " + std::to_string(m0) + " && batch == " +
-                        std::to_string(batch) + " && threadIdx.x == " + std::to_string(location.dq.thread[0]);
+                        std::to_string(batch) + " && threadIdx.x == " + std::to_string(location.dq.thread[0]) +
+                        (Tr::kDqSlabs > 1 ? " && slab == " + std::to_string(slab) : std::string());
     dq_stop.prints = {location.dq.name + " * " + scale_text};
     dq_stop.what = "key block " + std::to_string(location.adding_key_blocks.front()) +
                    "'s part of the dQ element (the key blocks' parts sum to it)";

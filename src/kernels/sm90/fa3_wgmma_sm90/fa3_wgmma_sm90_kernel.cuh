@@ -353,8 +353,8 @@ struct ForwardTileSource {
 template <class Tr, typename Element>
 __device__ __forceinline__ void issue_scores(float (&acc_s)[Tr::kBlockN / 2], uint32_t q_rows, uint32_t k_tile) {
   sm90::wgmma_fence();
-#pragma unroll
   constexpr int kPanelBytes = Tr::kPanelBytes, kStepsPerPanel = kPanelBytes / 32;
+#pragma unroll
   for (int ks = 0; ks < Tr::kHeadDim * Tr::kElementBytes / 32; ++ks) {
     // A wgmma's K (32 bytes) within a panel row; 8-row swizzle atoms kPanelBytes x 8 apart.
     const uint32_t column_bytes = (ks % kStepsPerPanel) * 32;

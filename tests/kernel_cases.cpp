@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -460,16 +461,13 @@ std::vector<KernelCase> backward_window_cases(int compute_capability, const Kern
         ProblemSpec spec = grouped_spec(2, seqlen_q, seqlen_k,
                                         (index + (seqlen_q < seqlen_k ? 0 : 1)) % 2 == 0 ? at::kHalf : at::kBFloat16);
         spec.window_left = windows[index].first, spec.window_right = windows[index].second;
-        add_if_backward_supported(cases, kernel,
-                                  std::string(dtype_label(spec.dtype)) +
-                                      seqlen_label(seqlen_q, seqlen_k) + masks_label(spec),
-                                  spec, compute_capability);
         // Every other window again at head_dim 256 (fa3's head dim split).
-        if (index % 2 == 1 && seqlen_q > seqlen_k) {
-          spec.head_dim = 256;
+        const bool also_256 = index % 2 == 1 && seqlen_q > seqlen_k;
+        for (const int head_dim : also_256 ? std::vector<int>{spec.head_dim, 256} : std::vector<int>{spec.head_dim}) {
+          spec.head_dim = head_dim;
           add_if_backward_supported(cases, kernel,
                                     std::string(dtype_label(spec.dtype)) + seqlen_label(seqlen_q, seqlen_k) +
-                                        "_d256" + masks_label(spec),
+                                        (head_dim == 256 ? "_d256" : "") + masks_label(spec),
                                     spec, compute_capability);
         }
       }
@@ -524,7 +522,7 @@ std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kern
   const std::vector<Masked> shapes = {
       {{1023, 113}, true, -1, -1}, {{113, 7}, true, -1, -1}, {{7, 1023}, true, 3, 0},
       {{113, 300}, false, 0, 0},   {{300, 113}, false, 5, 0}};
-  const size_t kHeadDim256 = 0, kHeadDim256Also = 2;  // shapes also run at head_dim 256
+  const std::set<size_t> also_256 = {0, 2};  // shapes that run at head_dim 256 too
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {
     for (size_t index = 0; index < shapes.size(); ++index) {
@@ -532,21 +530,16 @@ std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kern
       ProblemSpec spec;
       spec.batch = 2, spec.heads = 8, spec.kv_heads = index % 2 == 0 ? 2 : 1;
       spec.seqlen_q = shape.seqlens.first, spec.seqlen_k = shape.seqlens.second;
-      spec.head_dim = 64;
       spec.dtype = index % 2 == 0 ? at::kHalf : at::kBFloat16;
       spec.causal = shape.causal;
       spec.window_left = shape.window_left, spec.window_right = shape.window_right;
-      add_if_backward_supported(cases, kernel,
-                                std::string(dtype_label(spec.dtype)) +
-                                    seqlen_label(spec.seqlen_q, spec.seqlen_k) + "_kv" +
-                                    std::to_string(spec.kv_heads) + masks_label(spec),
-                                spec, compute_capability);
-      if (index == kHeadDim256 || index == kHeadDim256Also) {
-        spec.head_dim = 256;
+      for (const int head_dim : also_256.count(index) ? std::vector<int>{64, 256} : std::vector<int>{64}) {
+        spec.head_dim = head_dim;
         add_if_backward_supported(cases, kernel,
                                   std::string(dtype_label(spec.dtype)) +
                                       seqlen_label(spec.seqlen_q, spec.seqlen_k) + "_kv" +
-                                      std::to_string(spec.kv_heads) + "_d256" + masks_label(spec),
+                                      std::to_string(spec.kv_heads) + (head_dim == 256 ? "_d256" : "") +
+                                      masks_label(spec),
                                   spec, compute_capability);
       }
     }

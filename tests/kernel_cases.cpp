@@ -789,6 +789,10 @@ std::vector<KernelCase> modification_cases(int compute_capability, const Kernels
         if (mask == 3) add(varlen_spec(varlen_lengths()[1], dtype, 2, /*causal=*/false), "_varlen_unequal_kv2");
       }
       add(grouped_spec(2, 113, 203, at::kFloat, /*causal=*/true), seqlen_label(113, 203) + "_kv2_causal");
+      // head_dim 256: fa3's backward runs sinks alone there and refuses the rest (fa2 runs them).
+      ProblemSpec wide = grouped_spec(1, 113, 203, at::kBFloat16, /*causal=*/true);
+      wide.head_dim = 256;
+      add(wide, seqlen_label(113, 203) + "_kv2_causal_d256");
     }
   return cases;
 }

@@ -325,7 +325,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
       "persistent grid), fp16/bf16 (e4m3 at head_dim " + fa3_wgmma_sm90::Fp8HeadDims::text("/") +
       ", forward only), head_dim " + HeadDims::text("/") +
       ", causal/window, GQA, varlen; backward (FA3-style, head_dim " + BackwardHeadDims::text("/") +
-      ", deterministic mode); sm_90a only";
+      ", deterministic mode below head_dim 256); sm_90a only";
   variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = true;
   variant.supports_e4m3 = true;

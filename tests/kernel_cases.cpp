@@ -572,6 +572,12 @@ std::vector<KernelCase> backward_determinism_cases(int compute_capability, const
     add_if_backward_supported(cases, kernel, "bf16_b8_q257_k2049_kv2_causal_runs10",
                               grouped_spec(8, 257, 2049, at::kBFloat16, /*causal=*/true),
                               compute_capability, /*runs=*/10);
+    // head_dim 256 (fa3's head dim split: two dQ slabs a consumer a step,
+    // staged one after the other), causal: descending ranks.
+    ProblemSpec wide = grouped_spec(2, 257, 1023, at::kBFloat16, /*causal=*/true);
+    wide.head_dim = 256;
+    add_if_backward_supported(cases, kernel, "bf16_d256_q257_k1023_kv2_causal_runs50", wide, compute_capability,
+                              /*runs=*/50);
     // Stress: batch 60 fills the GPU many times over, so blocks finish in
     // every order.
     // (513: a ragged last tile; the reference's float32 scores stay at 0.5 GB.)
@@ -620,8 +626,9 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},
       // no mask, three key blocks, three query blocks (d64): fa3's rotated walks
       {"fp16_d64_q300_k257_deterministic", fp16, 64, 1, 1, 1, 300, 257, false, -1, -1, false, true},
-      // fa3's head dim split: two consumers swapping S^T / dP^T, one dO stage
-      {"bf16_d256_q203_k113_kv1_w17_33", bf16, 256, 1, 2, 1, 203, 113, false, 17, 33, false, false},
+      // fa3's head dim split: two consumers swapping S^T / dP^T, one dO stage;
+      // deterministic, so the swap buffers also stage the dQ slabs
+      {"bf16_d256_q203_k113_kv1_w17_33_deterministic", bf16, 256, 1, 2, 1, 203, 113, false, 17, 33, false, true},
   };
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {

@@ -96,18 +96,22 @@ TEST(HeadDimPadding, AutoPrefersAPaddedTensorCoreKernelOverFa1Scalar) {
       const KernelVariant& on_80 = select_kernel(problem.forward(80), "auto", HeadDimPadding::allowed);
       EXPECT_EQ(on_80.name, "fa2_mma_sm80");
       EXPECT_EQ(padded_head_dim(on_80, row.head_dim), row.dim_80);
-      // The backward: fa3_wgmma_sm90's on 9.0 (head_dim 256 included), except
-      // the deterministic mode at 256 (none there): fa2_mma_sm80's, as on 8.0.
+      // The backward: fa3_wgmma_sm90's on 9.0 (head_dim 256 and its
+      // deterministic mode included), except softcap at 256 (none there):
+      // fa2_mma_sm80's, as on 8.0.
       for (const int compute_capability : {90, 80})
-        for (const bool deterministic : {false, true}) {
-          AttentionBackwardParams params = problem.backward(compute_capability);
-          params.deterministic = deterministic;
-          const KernelVariant& backward = select_backward_kernel(params, "auto", HeadDimPadding::allowed);
-          const bool hopper = compute_capability == 90 && (row.dim_90 <= 128 || !deterministic);
-          EXPECT_EQ(backward.name, hopper ? "fa3_wgmma_sm90" : "fa2_mma_sm80")
-              << "compute capability " << compute_capability << (deterministic ? ", deterministic" : "");
-          EXPECT_EQ(padded_head_dim(backward, row.head_dim), hopper ? row.dim_90 : row.dim_80);
-        }
+        for (const bool deterministic : {false, true})
+          for (const bool softcap : {false, true}) {
+            AttentionBackwardParams params = problem.backward(compute_capability);
+            params.deterministic = deterministic;
+            if (softcap) params.modification.softcap = 30.f;
+            const KernelVariant& backward = select_backward_kernel(params, "auto", HeadDimPadding::allowed);
+            const bool hopper = compute_capability == 90 && (row.dim_90 <= 128 || !softcap);
+            EXPECT_EQ(backward.name, hopper ? "fa3_wgmma_sm90" : "fa2_mma_sm80")
+                << "compute capability " << compute_capability << (deterministic ? ", deterministic" : "")
+                << (softcap ? ", softcap" : "");
+            EXPECT_EQ(padded_head_dim(backward, row.head_dim), hopper ? row.dim_90 : row.dim_80);
+          }
     }
   }
 }
@@ -116,20 +120,20 @@ TEST(HeadDimPadding, AutoPrefersAPaddedTensorCoreKernelOverFa1Scalar) {
 // backward takes the problem, else auto; an unknown NAME is still an error.
 TEST(HeadDimPadding, NamedKernelOrAutoFallsBackWhereTheNamedOneCannot) {
   const Problem fits(80, at::kBFloat16), wide(160, at::kBFloat16);
-  AttentionBackwardParams wide_deterministic = wide.backward(90);
-  wide_deterministic.deterministic = true;  // none at head_dim 256 (padded from 160)
+  AttentionBackwardParams wide_softcap = wide.backward(90);
+  wide_softcap.modification.softcap = 30.f;  // none at head_dim 256 (padded from 160)
   EXPECT_EQ(select_backward_kernel(fits.backward(90), "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
             "fa3_wgmma_sm90");
   EXPECT_EQ(select_backward_kernel(wide.backward(90), "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
             "fa3_wgmma_sm90");
-  EXPECT_EQ(select_backward_kernel(wide_deterministic, "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
+  EXPECT_EQ(select_backward_kernel(wide_softcap, "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
             "fa2_mma_sm80");
   EXPECT_EQ(select_backward_kernel(fits.backward(80), "fa3_wgmma_sm90,auto", HeadDimPadding::allowed).name,
             "fa2_mma_sm80");  // not on compute capability 8.0
   expect_rejected(
-      [&] { select_backward_kernel(wide_deterministic, "fa3_wgmma_sm90", HeadDimPadding::allowed); },
+      [&] { select_backward_kernel(wide_softcap, "fa3_wgmma_sm90", HeadDimPadding::allowed); },
       {"kernel fa3_wgmma_sm90 cannot run the backward of", "head_dim 160",
-       "no deterministic mode at head_dim 256 (fa2_mma_sm80 has one)"});
+       "no softcap or ALiBi at head_dim 256"});
   expect_rejected([&] { select_backward_kernel(fits.backward(90), "fa9_imaginary,auto", HeadDimPadding::allowed); },
                   {"unknown kernel 'fa9_imaginary'"});
 }

@@ -216,9 +216,6 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
   bool splits_head_dim = false;
   FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim,
                            [&] { splits_head_dim = DefaultBwdTraits<kHeadDim>::type::kSplitsHeadDim; });
-  if (splits_head_dim && params.deterministic)
-    return "fa3_wgmma_sm90's backward has no deterministic mode at head_dim " + std::to_string(params.head_dim) +
-           " (fa2_mma_sm80 has one)";
   if (splits_head_dim && params.modification.per_element())
     return "fa3_wgmma_sm90's backward takes no softcap or ALiBi at head_dim " + std::to_string(params.head_dim) +
            " (fa2_mma_sm80 does; sinks alone run)";
@@ -253,6 +250,7 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
   workspace.zeroed_bytes = workspace.dq.dq_accum_bytes;
   if (workspace.total_bytes == 0) return workspace;  // no rows
   workspace.query_blocks = (params.seqlen_q + block_m - 1) / block_m;
+  workspace.dq_block_slabs = block_m * params.head_dim / (64 * 64);
   const auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator
   // (zeroed with it), then the padded statistics.
@@ -260,7 +258,8 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
   if (params.deterministic) {
     workspace.semaphore_offset = end;
     workspace.semaphore_bytes =
-        round_up(static_cast<size_t>(params.batch) * params.heads * workspace.query_blocks * 2 * sizeof(int));
+        round_up(static_cast<size_t>(params.batch) * params.heads * workspace.query_blocks *
+                 workspace.dq_block_slabs * sizeof(int));
     workspace.zeroed_bytes += workspace.semaphore_bytes;
     end += workspace.semaphore_bytes;
   }
@@ -325,7 +324,7 @@ KernelVariant fa3_wgmma_sm90_variant() {
       "persistent grid), fp16/bf16 (e4m3 at head_dim " + fa3_wgmma_sm90::Fp8HeadDims::text("/") +
       ", forward only), head_dim " + HeadDims::text("/") +
       ", causal/window, GQA, varlen; backward (FA3-style, head_dim " + BackwardHeadDims::text("/") +
-      ", deterministic mode below head_dim 256); sm_90a only";
+      ", deterministic mode); sm_90a only";
   variant.architectures = kSm90aOnly;
   variant.supports_tile_trace = true;
   variant.supports_e4m3 = true;

@@ -187,14 +187,22 @@ struct BwdTraits {
   static constexpr bool kDqSplitsColumns = BlockM == 64;
   static constexpr int kDqSlabFloats = 64 * 64;
   static constexpr int kDqSlabs = BlockM * HeadDim / kDqSlabFloats / kConsumers;
+  static constexpr int kDqBlockSlabs = kDqSlabs * kConsumers;  // a query block's (deterministic: a semaphore each)
   // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
   // w's slab staged (w's 128 threads arrive, w's writer warp syncs); the
-  // writer has read w's slab (the writer arrives, w's threads sync); both
-  // consumers' S^T / dP^T in the swap buffers (head dim split).
+  // writer has read w's slab (the writer arrives, w's threads sync); head dim
+  // split: P^T in its swap buffer (consumer 0 arrives, 1 syncs) and dP^T in
+  // its own (1 arrives, 0 syncs).
   static constexpr int kDsStoredBarrier = 1;
   static constexpr int kDqFullBarrier = 2;   // + consumer
   static constexpr int kDqEmptyBarrier = 4;  // + consumer
-  static constexpr int kSwappedBarrier = 6;
+  static constexpr int kSwappedBarrier = 6;  // + the consumer that arrives
+  // Head dim split, default mode: consumer 1 (dP^T) adds its dQ slabs one
+  // step late, between its dP^T store and its wait for P^T, so that their
+  // GEMMs run while consumer 0 computes P^T's exponentials (the tensor cores
+  // idle there otherwise). The dS buffers are double: the previous step's is
+  // intact until both have passed this step's swap.
+  static constexpr bool kDefersDq = SplitsHeadDim;
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
   // of the rows, then the barriers; +1024 to align the base for the swizzle.
   static constexpr int kKOffset = 0;
@@ -210,17 +218,23 @@ struct BwdTraits {
   static constexpr int kSwapOffset = kStatsOffset + Stages * kStatsFloats * 4;
   static constexpr int kSwapBytes = SplitsHeadDim ? kConsumerKeys * BlockM * 4 : 0;  // one consumer's
   // Deterministic mode: each consumer's dQ slab (float32, fragment order) for
-  // its writer warp (none at the head dim split: no deterministic mode).
-  static constexpr int kDqStageOffset = kSwapOffset + kConsumers * kSwapBytes;
-  static constexpr int kDqSlabBytes = SplitsHeadDim ? 0 : 64 * 64 * 4;
-  static constexpr int kBarrierOffset = kDqStageOffset + kConsumers * kDqSlabBytes;
+  // its writer warp. The head dim split has no room for two more 16 KB
+  // buffers (210 KB): a consumer stages its slabs in its own swap buffer,
+  // free from the dS barrier until its next swap store (both consumers have
+  // read both buffers by then), one slab at a time.
+  static constexpr int kDqSlabBytes = kDqSlabFloats * 4;
+  static constexpr int kDqStageOffset = SplitsHeadDim ? kSwapOffset : kSwapOffset + kConsumers * kSwapBytes;
+  static constexpr int kDqStageStride = SplitsHeadDim ? kSwapBytes : kDqSlabBytes;  // between consumers' buffers
+  static constexpr int kBarrierOffset =
+      SplitsHeadDim ? kSwapOffset + kConsumers * kSwapBytes : kDqStageOffset + kConsumers * kDqSlabBytes;
   static constexpr int kBarriers = 1 + 4 * Stages;  // BwdBarriers: kv full; q, do full/empty a stage
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
   static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");
   static_assert(!SplitsHeadDim || (BlockM == 64 && HeadDim % 128 == 0), "split: 64-row blocks, whole panels a half");
   static_assert(kConsumerRegisters == 240, "two consumers at 240 registers");
-  static_assert(kDqSlabs * kDqSlabFloats * kConsumers == BlockM * HeadDim, "64 x 64 dQ slabs tile the block");
+  static_assert(kDqBlockSlabs * kDqSlabFloats == BlockM * HeadDim, "64 x 64 dQ slabs tile the block");
+  static_assert(!SplitsHeadDim || kSwapBytes == kDqSlabBytes, "a swap buffer holds one dQ slab");
 };
 
 // FA3's sm90 tiles: 128 x 128 at head_dim 64, 64 x 128 at 128; at 256 64 x
@@ -311,8 +325,9 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params);
 // The workspace: softmax_d and one float32 dq accumulator laid out as
 // fa2_mma_sm80's (its deterministic slots are not used: the deterministic
 // mode orders the additions with semaphores), then, in deterministic mode,
-// int32 semaphores (batch, heads, query_blocks, 2). The accumulator and the
-// semaphores are contiguous: zeroed_bytes from the accumulator's start.
+// int32 semaphores (batch, heads, query_blocks, dq_block_slabs: one a 64 x 64
+// slab of the block). The accumulator and the semaphores are contiguous:
+// zeroed_bytes from the accumulator's start.
 struct BackwardWorkspace {
   fa2_mma_sm80::BackwardWorkspace dq;
   // The rows' LSE in base 2 and D, float32 (heads, stats_rows) each, every
@@ -323,6 +338,7 @@ struct BackwardWorkspace {
   int64_t stats_rows = 0;
   size_t semaphore_offset = 0, semaphore_bytes = 0;
   int query_blocks = 0;  // ceil(seqlen_q / block_m), seqlen_q the longest sequence
+  int dq_block_slabs = 0;  // 64 x 64 dQ slabs a query block (BwdTraits::kDqBlockSlabs)
   size_t zeroed_bytes = 0, total_bytes = 0;
 };
 BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n);

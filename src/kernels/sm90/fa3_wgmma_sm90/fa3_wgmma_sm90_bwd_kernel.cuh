@@ -26,8 +26,11 @@
 //    - head dim split (head_dim 256, where dK and dV of 64 keys x 256 columns
 //      alone would take 256 registers a thread): 64 keys a CTA, consumer 1
 //      computes S^T and P^T, consumer 2 dP^T; they swap the two through
-//      shared memory (float32, one named barrier a step), both form dS^T,
-//      and each accumulates dK / dV of half the head dim.
+//      shared memory (float32, a named barrier each way a step), both form
+//      dS^T, and each accumulates dK / dV of half the head dim. In the
+//      default mode consumer 2 issues its dQ slabs one step late, between its
+//      dP^T store and its wait for P^T, so that the tensor cores have work
+//      while consumer 1 computes the exponentials.
 //    dQ goes out in 64 x 64 slabs (64 query rows x 64 columns at head_dim
 //    128 and 256: one a consumer at 128, two in turn at 256; head_dim 64:
 //    half the 128 query rows x all columns), added to the float32 accumulator with red.global.add.v4.f32
@@ -45,9 +48,9 @@
 // Limits: fp16 / bf16, head_dim 64, 128 and 256 (BackwardHeadDims; others run
 // at a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
-// elements (TMA). At head_dim 256 no deterministic mode and no softcap or
-// ALiBi (the host path runs those on fa2_mma_sm80). A persistent schedule and
-// a TMA-store epilogue are not built.
+// elements (TMA). At head_dim 256 no softcap or ALiBi (the host path runs
+// those on fa2_mma_sm80). A persistent schedule and a TMA-store epilogue are
+// not built.
 //
 // Score modifications (softcap, ALiBi, sinks): the kModified instantiations
 // take S^T through common/score_modification.h before the mask and multiply
@@ -58,10 +61,11 @@
 // blocks that see a query block add their dQ slabs to it in a fixed order,
 // FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed with
 // the accumulator, counts the key blocks that have added. The consumers stage
-// their slabs in shared memory; the producer warpgroup's warps 1 and 2 (the
-// dQ writers, one per consumer) wait until a slab's count is its key block's
-// rank, add the slab with one bulk reduce-add, hand the buffer back once it is
-// read and release count + 1 once it is added. Without a mask the walks are
+// their slabs in shared memory (at the head dim split, two a step, one after
+// the other in the consumer's swap buffer); the producer warpgroup's warps 1
+// and 2 (the dQ writers, one per consumer) wait until a slab's count is its
+// key block's rank, add the slab with one bulk reduce-add, hand the buffer
+// back once it is read and release count + 1 once it is added. Without a mask the walks are
 // rotated (key block n starts at query block n) and ranks follow the order in
 // which the key blocks reach a query block (rotates_backward_walks); where the
 // right edge of the mask bounds the walk (causal, windows) ranks descend from
@@ -104,7 +108,7 @@ struct BwdKernelArguments {
   const float* lse_log2 = nullptr;
   const float* dsum = nullptr;
   int64_t stats_rows = 0;
-  // Deterministic mode: int32 (batch, heads, query_blocks, 2 slabs), zeroed.
+  // Deterministic mode: int32 (batch, heads, query_blocks, kDqBlockSlabs), zeroed.
   int* dq_semaphore = nullptr;
   int query_blocks = 0;  // ceil(max seqlen_q / kBlockM)
   bool rotates_walks = false;  // rotates_backward_walks (deterministic mode)
@@ -274,34 +278,42 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
   if (n_block < 0) return;
   const QueryWalk walk = query_walk<Tr>(args, view, n_block);
   float* const dq_accum = p.dq_accum + view.dq_accum_offset;
-  const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes;
+  const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride;
 #pragma unroll 1
   for (int step = 0; step < walk.steps; ++step) {
     const int head = kv_head * group + walk.head_in_group(step);
     const int m_block = walk.query_block(step);
-    float* const slab = dq_accum + head * p.dq_accum_head_stride +
-                        static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
-                        consumer * Tr::kDqSlabFloats;
-    int* const semaphore =
-        args.dq_semaphore + ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) * 2 +
-        consumer;
-    sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
-    if (lane == 0) {
-      const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
-      while (sm90::load_acquire_gpu(semaphore) != rank) {
+    const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
+#pragma unroll 1
+    for (int i = 0; i < Tr::kDqSlabs; ++i) {
+      const int slab_index = consumer * Tr::kDqSlabs + i;
+      float* const slab = dq_accum + head * p.dq_accum_head_stride +
+                          static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
+                          slab_index * Tr::kDqSlabFloats;
+      int* const semaphore =
+          args.dq_semaphore +
+          ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) * Tr::kDqBlockSlabs +
+          slab_index;
+      sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
+      if (lane == 0) {
+        while (sm90::load_acquire_gpu(semaphore) != rank) {
+        }
+        sm90::fence_proxy_async_global();
+        sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
+        sm90::bulk_commit_group();
+        sm90::bulk_wait_group_read<0>();
       }
-      sm90::fence_proxy_async_global();
-      sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
-      sm90::bulk_commit_group();
-      sm90::bulk_wait_group_read<0>();
-    }
-    __syncwarp();
-    // The consumer waits for this before staging its next slab (none after the last).
-    if (step + 1 < walk.steps) sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-    if (lane == 0) {
-      sm90::bulk_wait_group<0>();  // added, not only read: then the next key block's turn
-      sm90::fence_proxy_async_global();
-      sm90::add_release_gpu(semaphore, 1);
+      __syncwarp();
+      // The consumer waits for this before it writes the buffer again (its
+      // next slab; at the head dim split also its next swap store): none
+      // after the walk's last slab.
+      if (step + 1 < walk.steps || i + 1 < Tr::kDqSlabs)
+        sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+      if (lane == 0) {
+        sm90::bulk_wait_group<0>();  // added, not only read: then the next key block's turn
+        sm90::fence_proxy_async_global();
+        sm90::add_release_gpu(semaphore, 1);
+      }
     }
   }
 }
@@ -403,6 +415,31 @@ __device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane,
         make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
 }
 
+// One dQ slab of a step (slab: its index in the query block) out of a
+// consumer's registers: added with red.global.add, or (deterministic) staged
+// for the consumer's writer warp, which adds it in its turn; staging_busy:
+// wait until the writer has read the previous slab out of the buffer.
+template <class Tr, bool kDeterministic>
+__device__ __forceinline__ void dq_slab_out(const AttentionBackwardParams& p, const BackwardSequenceView& view,
+                                            unsigned char* smem, int n_block, int batch, int head, int m0, int slab,
+                                            bool staging_busy, int consumer, int warp, int lane,
+                                            const float (&acc_dq)[32]) {
+  static_cast<void>(n_block), static_cast<void>(batch);  // the cuda-gdb stop's condition names them
+  // cuda-gdb: this step's dQ slab `slab` of query block m0 / kBM, head `head` (fa3_wgmma_sm90_bwd_locate.cpp).
+  if constexpr (kDeterministic) {
+    if (staging_busy) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+    store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride), warp, lane,
+                  acc_dq);
+    sm90::fence_proxy_async_shared();
+    sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
+  } else {
+    static_cast<void>(staging_busy), static_cast<void>(smem), static_cast<void>(consumer);
+    add_dq_slab(p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
+                    static_cast<int64_t>(m0) * p.dq_accum_row_stride + slab * Tr::kDqSlabFloats,
+                warp, lane, acc_dq);
+  }
+}
+
 // The epilogue: dK * scale and dV of this thread's keys (zeros for a key
 // block no query row sees), columns column0 .. + kKeyGradColumns, 4-byte
 // stores of the keys < seqlen_k.
@@ -461,8 +498,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   constexpr int kBN = Tr::kBlockN;
   constexpr bool kSplit = Tr::kSplitsHeadDim;
   constexpr int kGradColumns = Tr::kKeyGradColumns;
-  static_assert(!kSplit || (!kDeterministic && !kModified),
-                "the head dim split has no deterministic mode and no score modification");
+  constexpr bool kDefersDq = Tr::kDefersDq && !kDeterministic;  // (the writers take the slabs in step order)
+  static_assert(!kSplit || !kModified, "the head dim split has no score modification");
   const AttentionBackwardParams& p = args.params;
   uint64_t* kv_full = bar.kv_full;
   uint64_t* q_full = bar.q_full;
@@ -567,6 +604,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   if (walk.steps > 0) sm90::mbarrier_wait(kv_full, 0);
   {
     uint32_t iteration = 0;
+    int deferred_head = 0, deferred_m0 = 0;  // kDefersDq: the step whose dQ slabs are due
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + walk.head_in_group(step);
@@ -578,7 +616,6 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       const uint32_t do_phase = Tr::kDoStages == Tr::kStages ? phase : do_slot.phase;
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
       const uint32_t do_tile = base + Tr::kDoOffset + do_stage * Tr::kQTileBytes;
-      const int ds_buffer = iteration % 2;
       // The step's mask flag and stats rows, computed where they are first
       // needed (ahead of the GEMMs they cost the keys split 1-2%, H200,
       // session 29).
@@ -591,6 +628,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       };
 
       sm90::mbarrier_wait(&q_full[stage], phase);
+      const int ds_buffer = iteration % 2;
+      unsigned char* const ds_tile = smem + Tr::kDsOffset + ds_buffer * Tr::kDsTileBytes;
       if constexpr (kSplit) {
         // One GEMM each (the same code, other operands), then P^T and dP^T
         // swapped through shared memory: both consumers then hold P^T and
@@ -609,11 +648,32 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         const float* d_rows = d_rows_of_stage(lse_rows);
         if (scores)
           transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
+        // Deterministic: the swap buffer held the last step's second dQ slab.
+        if (kDeterministic && step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
         store_swapped(swapped + consumer * kSwapFloats, thread, acc_s);
-        sm90::named_barrier_sync(Tr::kSwappedBarrier, 128 * Tr::kConsumers);
-        load_swapped(swapped, thread, acc_s);                 // P^T
+        sm90::named_barrier_arrive(Tr::kSwappedBarrier + consumer, 128 * Tr::kConsumers);
+        if (kDefersDq && !scores && step > 0) {
+          // The previous step's dQ slabs, while consumer 0 computes P^T.
+#pragma unroll
+          for (int i = 0; i < Tr::kDqSlabs; ++i) {
+            issue_dq(sm90::smem_address(smem + Tr::kDsOffset + (1 - ds_buffer) * Tr::kDsTileBytes), i);
+            sm90::wgmma_wait<0>();
+            sm90::fence_registers(acc_dq);
+            dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, deferred_head, deferred_m0,
+                                            consumer * Tr::kDqSlabs + i, false, consumer, warp, lane, acc_dq);
+          }
+        }
+        sm90::named_barrier_sync(Tr::kSwappedBarrier + 1 - consumer, 128 * Tr::kConsumers);
+        // P^T, and dV's GEMM on it while dS^T is formed.
+        load_swapped(swapped, thread, acc_s);
+        sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
+        issue_key_gradient(acc_dv, p_frag, do_tile);
         load_swapped(swapped + kSwapFloats, thread, acc_dp);  // dP^T
         transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
+        sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
+        store_ds(ds_tile);
+        sm90::fence_proxy_async_shared();
+        sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both halves of dS^T
       } else {
         issue_scores(acc_s, k_address, q_tile);
         sm90::mbarrier_wait(&do_full[do_stage], do_phase);
@@ -650,50 +710,52 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         } else {
           probabilities_then_gradients();
         }
+        // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
+        sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
+        sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
+        store_ds(ds_tile);
+        sm90::fence_proxy_async_shared();
+        issue_key_gradient(acc_dv, p_frag, do_tile);
+        sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
       }
-      // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
-      sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
-      sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
-      unsigned char* ds_tile = smem + Tr::kDsOffset + ds_buffer * Tr::kDsTileBytes;
-      store_ds(ds_tile);
-      sm90::fence_proxy_async_shared();
-      issue_key_gradient(acc_dv, p_frag, do_tile);
-      sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
-      issue_dq(sm90::smem_address(ds_tile), 0);
+      // This step's dQ slabs now, unless deferred (kDefersDq: consumer 1's).
+      const bool dq_now = !kDefersDq || consumer == 0;
+      if (dq_now) issue_dq(sm90::smem_address(ds_tile), 0);
       issue_key_gradient(acc_dk, ds_frag, q_tile);
       sm90::wgmma_wait<1>();  // dV and the first dQ slab done
       sm90::fence_registers(acc_dq);
       sm90::fence_registers(acc_dv);
       release(&do_empty[do_stage]);
+      if (dq_now) {
 #pragma unroll
-      for (int i = 0; i < Tr::kDqSlabs; ++i) {
-        const int slab = consumer * Tr::kDqSlabs + i;
-        if (i > 0) {  // the head dim split's second slab, in the same registers
-          issue_dq(sm90::smem_address(ds_tile), i);
-          sm90::wgmma_wait<0>();
-          sm90::fence_registers(acc_dq);
-        }
-        // cuda-gdb: this step's dQ slab `slab` of query block m0 / kBM, head `head` (fa3_wgmma_sm90_bwd_locate.cpp).
-        if constexpr (kDeterministic) {
-          // The slab to the writer warp (which adds it in its turn): its
-          // staging buffer, once the writer has read the previous one.
-          if (step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-          store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqSlabBytes), warp,
-                        lane, acc_dq);
-          sm90::fence_proxy_async_shared();
-          sm90::named_barrier_arrive(Tr::kDqFullBarrier + consumer, 128 + 32);
-        } else {
-          // Straight from registers: 16-byte reductions, 512 contiguous bytes a
-          // warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
-          // the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
-          add_dq_slab(p.dq_accum + view.dq_accum_offset + head * p.dq_accum_head_stride +
-                          static_cast<int64_t>(m0) * p.dq_accum_row_stride + slab * Tr::kDqSlabFloats,
-                      warp, lane, acc_dq);
+        for (int i = 0; i < Tr::kDqSlabs; ++i) {
+          if (i > 0) {  // the head dim split's second slab, in the same registers
+            issue_dq(sm90::smem_address(ds_tile), i);
+            sm90::wgmma_wait<0>();
+            sm90::fence_registers(acc_dq);
+          }
+          // The deterministic mode's staging buffer is busy until the writer
+          // has read the previous slab (at the head dim split the first
+          // slab's, the swap buffer, was waited for before the swap store and
+          // is free since the dS barrier).
+          dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, head, m0, consumer * Tr::kDqSlabs + i,
+                                          kSplit ? i > 0 : step > 0, consumer, warp, lane, acc_dq);
         }
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
+      deferred_head = head, deferred_m0 = m0;
+    }
+    if (kDefersDq && consumer == 1 && walk.steps > 0) {  // the last step's deferred slabs
+#pragma unroll
+      for (int i = 0; i < Tr::kDqSlabs; ++i) {
+        issue_dq(sm90::smem_address(smem + Tr::kDsOffset + (1 - iteration % 2) * Tr::kDsTileBytes), i);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(acc_dq);
+        dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, deferred_head, deferred_m0,
+                                        consumer * Tr::kDqSlabs + i, false, consumer, warp, lane, acc_dq);
+      }
     }
 
     store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, acc_dk, acc_dv);
@@ -792,12 +854,12 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
-    auto kernel = fa3_backward_kernel<Tr, Element, false>;
-    // The head dim split has the plain mode only (backward_unsupported_reason).
+    auto kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true> : fa3_backward_kernel<Tr, Element, false>;
+    // The head dim split takes no softcap or ALiBi (backward_unsupported_reason).
     if constexpr (!Tr::kSplitsHeadDim)
-      kernel = p.deterministic ? (modified ? fa3_backward_kernel<Tr, Element, true, true>
-                                           : fa3_backward_kernel<Tr, Element, true>)
-                               : (modified ? fa3_backward_kernel<Tr, Element, false, true> : kernel);
+      if (modified)
+        kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true, true>
+                                 : fa3_backward_kernel<Tr, Element, false, true>;
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
     const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.kv_heads, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);

@@ -190,19 +190,12 @@ struct BwdTraits {
   static constexpr int kDqBlockSlabs = kDqSlabs * kConsumers;  // a query block's (deterministic: a semaphore each)
   // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
   // w's slab staged (w's 128 threads arrive, w's writer warp syncs); the
-  // writer has read w's slab (the writer arrives, w's threads sync); head dim
-  // split: P^T in its swap buffer (consumer 0 arrives, 1 syncs) and dP^T in
-  // its own (1 arrives, 0 syncs).
+  // writer has read w's slab (the writer arrives, w's threads sync); both
+  // consumers' S^T / dP^T in the swap buffers (head dim split).
   static constexpr int kDsStoredBarrier = 1;
   static constexpr int kDqFullBarrier = 2;   // + consumer
   static constexpr int kDqEmptyBarrier = 4;  // + consumer
-  static constexpr int kSwappedBarrier = 6;  // + the consumer that arrives
-  // Head dim split, default mode: consumer 1 (dP^T) adds its dQ slabs one
-  // step late, between its dP^T store and its wait for P^T, so that their
-  // GEMMs run while consumer 0 computes P^T's exponentials (the tensor cores
-  // idle there otherwise). The dS buffers are double: the previous step's is
-  // intact until both have passed this step's swap.
-  static constexpr bool kDefersDq = SplitsHeadDim;
+  static constexpr int kSwappedBarrier = 6;
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
   // of the rows, then the barriers; +1024 to align the base for the swizzle.
   static constexpr int kKOffset = 0;

@@ -26,11 +26,8 @@
 //    - head dim split (head_dim 256, where dK and dV of 64 keys x 256 columns
 //      alone would take 256 registers a thread): 64 keys a CTA, consumer 1
 //      computes S^T and P^T, consumer 2 dP^T; they swap the two through
-//      shared memory (float32, a named barrier each way a step), both form
-//      dS^T, and each accumulates dK / dV of half the head dim. In the
-//      default mode consumer 2 issues its dQ slabs one step late, between its
-//      dP^T store and its wait for P^T, so that the tensor cores have work
-//      while consumer 1 computes the exponentials.
+//      shared memory (float32, one named barrier a step), both form dS^T,
+//      and each accumulates dK / dV of half the head dim.
 //    dQ goes out in 64 x 64 slabs (64 query rows x 64 columns at head_dim
 //    128 and 256: one a consumer at 128, two in turn at 256; head_dim 64:
 //    half the 128 query rows x all columns), added to the float32 accumulator with red.global.add.v4.f32
@@ -498,7 +495,6 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   constexpr int kBN = Tr::kBlockN;
   constexpr bool kSplit = Tr::kSplitsHeadDim;
   constexpr int kGradColumns = Tr::kKeyGradColumns;
-  constexpr bool kDefersDq = Tr::kDefersDq && !kDeterministic;  // (the writers take the slabs in step order)
   static_assert(!kSplit || !kModified, "the head dim split has no score modification");
   const AttentionBackwardParams& p = args.params;
   uint64_t* kv_full = bar.kv_full;
@@ -604,7 +600,6 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   if (walk.steps > 0) sm90::mbarrier_wait(kv_full, 0);
   {
     uint32_t iteration = 0;
-    int deferred_head = 0, deferred_m0 = 0;  // kDefersDq: the step whose dQ slabs are due
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + walk.head_in_group(step);
@@ -616,6 +611,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       const uint32_t do_phase = Tr::kDoStages == Tr::kStages ? phase : do_slot.phase;
       const uint32_t q_tile = base + Tr::kQOffset + stage * Tr::kQTileBytes;
       const uint32_t do_tile = base + Tr::kDoOffset + do_stage * Tr::kQTileBytes;
+      const int ds_buffer = iteration % 2;
       // The step's mask flag and stats rows, computed where they are first
       // needed (ahead of the GEMMs they cost the keys split 1-2%, H200,
       // session 29).
@@ -628,8 +624,6 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       };
 
       sm90::mbarrier_wait(&q_full[stage], phase);
-      const int ds_buffer = iteration % 2;
-      unsigned char* const ds_tile = smem + Tr::kDsOffset + ds_buffer * Tr::kDsTileBytes;
       if constexpr (kSplit) {
         // One GEMM each (the same code, other operands), then P^T and dP^T
         // swapped through shared memory: both consumers then hold P^T and
@@ -651,29 +645,10 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         // Deterministic: the swap buffer held the last step's second dQ slab.
         if (kDeterministic && step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
         store_swapped(swapped + consumer * kSwapFloats, thread, acc_s);
-        sm90::named_barrier_arrive(Tr::kSwappedBarrier + consumer, 128 * Tr::kConsumers);
-        if (kDefersDq && !scores && step > 0) {
-          // The previous step's dQ slabs, while consumer 0 computes P^T.
-#pragma unroll
-          for (int i = 0; i < Tr::kDqSlabs; ++i) {
-            issue_dq(sm90::smem_address(smem + Tr::kDsOffset + (1 - ds_buffer) * Tr::kDsTileBytes), i);
-            sm90::wgmma_wait<0>();
-            sm90::fence_registers(acc_dq);
-            dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, deferred_head, deferred_m0,
-                                            consumer * Tr::kDqSlabs + i, false, consumer, warp, lane, acc_dq);
-          }
-        }
-        sm90::named_barrier_sync(Tr::kSwappedBarrier + 1 - consumer, 128 * Tr::kConsumers);
-        // P^T, and dV's GEMM on it while dS^T is formed.
-        load_swapped(swapped, thread, acc_s);
-        sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
-        issue_key_gradient(acc_dv, p_frag, do_tile);
+        sm90::named_barrier_sync(Tr::kSwappedBarrier, 128 * Tr::kConsumers);
+        load_swapped(swapped, thread, acc_s);                 // P^T
         load_swapped(swapped + kSwapFloats, thread, acc_dp);  // dP^T
         transposed_score_gradients<Tr>(acc_s, acc_dp, d_rows, quad_col);
-        sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
-        store_ds(ds_tile);
-        sm90::fence_proxy_async_shared();
-        sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both halves of dS^T
       } else {
         issue_scores(acc_s, k_address, q_tile);
         sm90::mbarrier_wait(&do_full[do_stage], do_phase);
@@ -710,52 +685,38 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         } else {
           probabilities_then_gradients();
         }
-        // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
-        sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
-        sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
-        store_ds(ds_tile);
-        sm90::fence_proxy_async_shared();
-        issue_key_gradient(acc_dv, p_frag, do_tile);
-        sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
       }
-      // This step's dQ slabs now, unless deferred (kDefersDq: consumer 1's).
-      const bool dq_now = !kDefersDq || consumer == 0;
-      if (dq_now) issue_dq(sm90::smem_address(ds_tile), 0);
+      // P^T and dS^T as A fragments: k16 step kk takes query columns 16kk..16kk+15.
+      sm90::accumulator_to_a_fragments<Element>(acc_s, p_frag);
+      sm90::accumulator_to_a_fragments<Element>(acc_dp, ds_frag);
+      unsigned char* ds_tile = smem + Tr::kDsOffset + ds_buffer * Tr::kDsTileBytes;
+      store_ds(ds_tile);
+      sm90::fence_proxy_async_shared();
+      issue_key_gradient(acc_dv, p_frag, do_tile);
+      sm90::named_barrier_sync(Tr::kDsStoredBarrier, 128 * Tr::kConsumers);  // both consumers' dS
+      issue_dq(sm90::smem_address(ds_tile), 0);
       issue_key_gradient(acc_dk, ds_frag, q_tile);
       sm90::wgmma_wait<1>();  // dV and the first dQ slab done
       sm90::fence_registers(acc_dq);
       sm90::fence_registers(acc_dv);
       release(&do_empty[do_stage]);
-      if (dq_now) {
 #pragma unroll
-        for (int i = 0; i < Tr::kDqSlabs; ++i) {
-          if (i > 0) {  // the head dim split's second slab, in the same registers
-            issue_dq(sm90::smem_address(ds_tile), i);
-            sm90::wgmma_wait<0>();
-            sm90::fence_registers(acc_dq);
-          }
-          // The deterministic mode's staging buffer is busy until the writer
-          // has read the previous slab (at the head dim split the first
-          // slab's, the swap buffer, was waited for before the swap store and
-          // is free since the dS barrier).
-          dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, head, m0, consumer * Tr::kDqSlabs + i,
-                                          kSplit ? i > 0 : step > 0, consumer, warp, lane, acc_dq);
+      for (int i = 0; i < Tr::kDqSlabs; ++i) {
+        if (i > 0) {  // the head dim split's second slab, in the same registers
+          issue_dq(sm90::smem_address(ds_tile), i);
+          sm90::wgmma_wait<0>();
+          sm90::fence_registers(acc_dq);
         }
+        // The deterministic mode's staging buffer is busy until the writer
+        // has read the previous slab (at the head dim split the first slab's,
+        // the swap buffer, was waited for before the swap store and is free
+        // since the dS barrier).
+        dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, head, m0, consumer * Tr::kDqSlabs + i,
+                                        kSplit ? i > 0 : step > 0, consumer, warp, lane, acc_dq);
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
-      deferred_head = head, deferred_m0 = m0;
-    }
-    if (kDefersDq && consumer == 1 && walk.steps > 0) {  // the last step's deferred slabs
-#pragma unroll
-      for (int i = 0; i < Tr::kDqSlabs; ++i) {
-        issue_dq(sm90::smem_address(smem + Tr::kDsOffset + (1 - iteration % 2) * Tr::kDsTileBytes), i);
-        sm90::wgmma_wait<0>();
-        sm90::fence_registers(acc_dq);
-        dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, deferred_head, deferred_m0,
-                                        consumer * Tr::kDqSlabs + i, false, consumer, warp, lane, acc_dq);
-      }
     }
 
     store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, acc_dk, acc_dv);

@@ -250,7 +250,7 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
   workspace.zeroed_bytes = workspace.dq.dq_accum_bytes;
   if (workspace.total_bytes == 0) return workspace;  // no rows
   workspace.query_blocks = (params.seqlen_q + block_m - 1) / block_m;
-  workspace.dq_block_slabs = block_m * params.head_dim / (64 * 64);
+  workspace.dq_block_slabs = dq_block_slabs(block_m, params.head_dim);
   const auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator
   // (zeroed with it), then the padded statistics.

@@ -159,6 +159,10 @@ inline constexpr size_t kFp8VtOffset = 256;
 //   the block's 64 keys, one computes S^T and the other dP^T, they swap them
 //   through shared memory, and each accumulates dK / dV / dQ of half the
 //   columns.
+// dQ leaves a query block in 64 x 64 float32 slabs (deterministic mode: one
+// semaphore each): how many a block of block_m rows has.
+FLASHLAB_HOST_DEVICE constexpr int dq_block_slabs(int block_m, int head_dim) { return block_m * head_dim / (64 * 64); }
+
 template <int HeadDim, int BlockM, int Stages = 2, bool SplitsHeadDim = false>
 struct BwdTraits {
   static constexpr int kHeadDim = HeadDim;
@@ -186,8 +190,8 @@ struct BwdTraits {
   // the head dim when the block has 64 rows, along the rows when it has 128.
   static constexpr bool kDqSplitsColumns = BlockM == 64;
   static constexpr int kDqSlabFloats = 64 * 64;
-  static constexpr int kDqSlabs = BlockM * HeadDim / kDqSlabFloats / kConsumers;
-  static constexpr int kDqBlockSlabs = kDqSlabs * kConsumers;  // a query block's (deterministic: a semaphore each)
+  static constexpr int kDqBlockSlabs = dq_block_slabs(BlockM, HeadDim);
+  static constexpr int kDqSlabs = kDqBlockSlabs / kConsumers;
   // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
   // w's slab staged (w's 128 threads arrive, w's writer warp syncs); the
   // writer has read w's slab (the writer arrives, w's threads sync); both
@@ -331,7 +335,7 @@ struct BackwardWorkspace {
   int64_t stats_rows = 0;
   size_t semaphore_offset = 0, semaphore_bytes = 0;
   int query_blocks = 0;  // ceil(seqlen_q / block_m), seqlen_q the longest sequence
-  int dq_block_slabs = 0;  // 64 x 64 dQ slabs a query block (BwdTraits::kDqBlockSlabs)
+  int dq_block_slabs = 0;  // dq_block_slabs(block_m, head_dim)
   size_t zeroed_bytes = 0, total_bytes = 0;
 };
 BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n);

@@ -281,6 +281,14 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
     const int head = kv_head * group + walk.head_in_group(step);
     const int m_block = walk.query_block(step);
     const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
+    // The consumer's slabs of this step, from `first`, are added (not only
+    // read): the next key block's turn.
+    const auto release_added = [&](int* first, int count) {
+      sm90::bulk_wait_group<0>();
+      sm90::fence_proxy_async_global();
+#pragma unroll 1
+      for (int j = 0; j < count; ++j) sm90::add_release_gpu(first + j, 1);
+    };
 #pragma unroll 1
     for (int i = 0; i < Tr::kDqSlabs; ++i) {
       const int slab_index = consumer * Tr::kDqSlabs + i;
@@ -306,11 +314,15 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
       // after the walk's last slab.
       if (step + 1 < walk.steps || i + 1 < Tr::kDqSlabs)
         sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-      if (lane == 0) {
-        sm90::bulk_wait_group<0>();  // added, not only read: then the next key block's turn
-        sm90::fence_proxy_async_global();
-        sm90::add_release_gpu(semaphore, 1);
-      }
+      // The head dim split takes a step's slabs before it waits for their
+      // additions: waiting for each slab's addition before taking the next
+      // held up the second slab, and with it the consumer's next swap store,
+      // an L2 round trip (the d256 deterministic mode: 1.30-1.39x its
+      // default's time -> 1.13-1.21x, H200, session 31). One slab a step
+      // (head_dim 64/128) keeps this order: releasing after the loop cost
+      // those 1-3%.
+      if (lane == 0 && (Tr::kDqSlabs == 1 || i + 1 == Tr::kDqSlabs))
+        release_added(semaphore - i, Tr::kDqSlabs);
     }
   }
 }

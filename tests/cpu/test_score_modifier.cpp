@@ -5,7 +5,11 @@
 // softmax in key tiles, the sink as the row's first max and its term added
 // after the last tile, dS times the factor the policy hands back) must give the reference's out, LSE, dq, dk, dv and the
 // sinks' gradient, for softcap, ALiBi per head and per batch entry, sinks and
-// their combinations, causal and not, seqlen_q != seqlen_k, GQA.
+// their combinations, causal and not, seqlen_q != seqlen_k, GQA. Twice: as
+// fa1/fa2 use the policy (s' and ds'/ds from modified()), and as fa3 does
+// (KernelWay::fa3: the forward in tanh units, in_tanh_units() and
+// apply_row<..., kTanhUnits>; ds'/ds recovered from s' by
+// gradient_factor_of, or softcap_gradient_factor_of without ALiBi).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -38,7 +42,9 @@ struct LoopResult {
 constexpr int kBatch = 2, kHeads = 4, kKvHeads = 2, kSeqlenQ = 7, kSeqlenK = 11, kHeadDim = 8;
 constexpr int kKeyTile = 4;  // keys per online-softmax step
 
-template <bool kEnabled>
+enum class KernelWay { modified, fa3 };
+
+template <bool kEnabled, KernelWay kWay = KernelWay::modified>
 LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, const at::Tensor& k,
                           const at::Tensor& v, const at::Tensor& dout) {
   const float scale = params.softmax_scale;
@@ -62,31 +68,40 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
     for (int h = 0; h < kHeads; ++h) {
       const int kv = h / (kHeads / kKvHeads);
       const auto modifier = score_modifier<kEnabled>(params, b, h, kSeqlenQ, kSeqlenK);
+      constexpr bool kFa3 = kWay == KernelWay::fa3;
+      // The forward's modifier and exponent scale (fa3: tanh units under softcap).
+      const auto forward_modifier = kFa3 ? modifier.in_tanh_units() : modifier;
+      const float forward_scale = kFa3 ? scale * forward_modifier.unit() : scale;
+      const auto forward_score = [&](float s, int i, int j) {
+        if constexpr (!kFa3) return modifier.modified(s, i, j);
+        forward_modifier.template apply_row<1, 1, /*kTanhUnits=*/true>(i, j, 0, [&](int, int) -> float& { return s; });
+        return s;
+      };
       for (int i = 0; i < kSeqlenQ; ++i) {
         // Forward: the online softmax over key tiles, as a kernel runs it.
-        float row_max = modifier.initial_row_max(), row_sum = 0.f;
+        float row_max = forward_modifier.initial_row_max(), row_sum = 0.f;
         std::vector<float> acc(kHeadDim, 0.f);
         for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {
           float scores[kKeyTile];
           float tile_max = row_max;
           for (int t = 0; t < kKeyTile; ++t) {
             const int j = j0 + t;
-            scores[t] = j < kSeqlenK && visible(i, j) ? modifier.modified(raw_score(b, h, i, j), i, j) : -INFINITY;
+            scores[t] = j < kSeqlenK && visible(i, j) ? forward_score(raw_score(b, h, i, j), i, j) : -INFINITY;
             tile_max = std::fmax(tile_max, scores[t]);
           }
           float offset;
-          const float correction = online_softmax_rescale(row_max, tile_max, scale, offset, expf_);
+          const float correction = online_softmax_rescale(row_max, tile_max, forward_scale, offset, expf_);
           row_sum *= correction;
           for (float& a : acc) a *= correction;
           for (int t = 0; t < kKeyTile; ++t) {
             if (j0 + t >= kSeqlenK) continue;
-            const float p = softmax_probability(scores[t], scale, offset, expf_);
+            const float p = softmax_probability(scores[t], forward_scale, offset, expf_);
             row_sum += p;
             for (int d = 0; d < kHeadDim; ++d) acc[d] += p * static_cast<float>(va[b][j0 + t][kv][d]);
           }
         }
-        row_sum += modifier.sink_term(row_max, scale, expf_);
-        const SoftmaxResult result = online_softmax_finish(row_max, row_sum, scale);
+        row_sum += forward_modifier.sink_term(row_max, forward_scale, expf_);
+        const SoftmaxResult result = online_softmax_finish(row_max, row_sum, forward_modifier.natural_scale(scale));
         lse[b][h][i] = result.lse;
         for (int d = 0; d < kHeadDim; ++d) out[b][i][h][d] = acc[d] * result.inverse_sum;
         // Backward: P from the LSE, dS through the modification.
@@ -97,7 +112,13 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
           if (!visible(i, j)) continue;
           const float s = raw_score(b, h, i, j);
           float factor;
-          const float p = std::exp(modifier.modified(s, i, j, factor) * scale - result.lse);
+          const float modified_s = modifier.modified(s, i, j, factor);
+          if constexpr (kFa3) {  // ds'/ds from s' itself, as fa3's backward takes it
+            factor = !modifier.has_softcap() ? 1.f
+                     : modifier.has_alibi()  ? modifier.gradient_factor_of(modified_s, i, j)
+                                             : modifier.softcap_gradient_factor_of(modified_s);
+          }
+          const float p = std::exp(modified_s * scale - result.lse);
           float dp = 0.f;
           for (int d = 0; d < kHeadDim; ++d) dp += static_cast<float>(da[b][i][h][d] * va[b][j][kv][d]);
           const float ds = p * (dp - row_d) * factor * scale;
@@ -148,20 +169,26 @@ TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
 
   // One instantiation takes every combination (the kernels' kEnabled); none: the plain one.
   const bool any = c.softcap || c.alibi || c.sinks;
-  const LoopResult loop = any ? loop_attention<true>(params, q, k, v, dout) : loop_attention<false>(params, q, k, v, dout);
+  const LoopResult loops[] = {
+      any ? loop_attention<true>(params, q, k, v, dout) : loop_attention<false>(params, q, k, v, dout),
+      any ? loop_attention<true, KernelWay::fa3>(params, q, k, v, dout)
+          : loop_attention<false, KernelWay::fa3>(params, q, k, v, dout)};
   const ReferenceOutput forward = reference_attention(q, k, v, reference);
   const ReferenceGradients backward = reference_attention_backward(q, k, v, dout, reference);
   // float32 loop against float64: a few float32 ulps of values of order 1.
-  const auto expect_close = [](const char* name, const at::Tensor& got, const at::Tensor& want) {
-    const double error = (got - want.to(at::kDouble)).abs().max().item<double>();
-    EXPECT_LT(error, 2e-5 * (1 + want.abs().max().item<double>())) << name << ": max error " << error;
-  };
-  expect_close("out", loop.out, forward.out);
-  expect_close("lse", loop.lse, forward.lse);
-  expect_close("dq", loop.dq, backward.dq);
-  expect_close("dk", loop.dk, backward.dk);
-  expect_close("dv", loop.dv, backward.dv);
-  if (c.sinks) expect_close("dsinks", loop.dsinks, backward.dsinks);
+  for (const LoopResult& loop : loops) {
+    const char* way = &loop == &loops[0] ? "modified()" : "fa3's way";
+    const auto expect_close = [&](const char* name, const at::Tensor& got, const at::Tensor& want) {
+      const double error = (got - want.to(at::kDouble)).abs().max().item<double>();
+      EXPECT_LT(error, 2e-5 * (1 + want.abs().max().item<double>())) << way << ", " << name << ": max error " << error;
+    };
+    expect_close("out", loop.out, forward.out);
+    expect_close("lse", loop.lse, forward.lse);
+    expect_close("dq", loop.dq, backward.dq);
+    expect_close("dk", loop.dk, backward.dk);
+    expect_close("dv", loop.dv, backward.dv);
+    if (c.sinks) expect_close("dsinks", loop.dsinks, backward.dsinks);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -33,6 +33,8 @@
 // sinks-only fa3 forward ran 3-9% slower than the plain one (H100, session 23).
 // kFastTanh: tanh.approx on the device (relative error about 2^-11, below the
 // 16-bit inputs' own; flash-attn does the same); fp32 kernels pass false.
+// (tanh.approx.f16x2 would not halve the MUFU work: on sm_90 it is two
+// MUFU.TANH.F16, cuobjdump, session 31.)
 #pragma once
 
 #include <cmath>
@@ -64,6 +66,7 @@ struct ScoreModifier {
   float alibi_score_slope = 0.f;  // slope / softmax_scale (0: off)
   int diagonal = 0;               // seqlen_k - seqlen_q of the sequence
   float sink_score = -INFINITY;   // sink / softmax_scale (-inf: no sink)
+  float score_unit = 1.f;         // in_tanh_units(): softcap_score (the scores are s' / score_unit)
 
   // s' for raw score s of row `row`, key `key` (both within the sequence);
   // factor = ds'/ds.
@@ -96,18 +99,50 @@ struct ScoreModifier {
     }
     return 1.f;
   }
+  // The same for softcap without ALiBi (has_alibi() false: s' is
+  // softcap_score * tanh alone), three instructions an element instead of
+  // eight, for a kernel that branches on has_alibi() once per tile. (Keeping
+  // t instead of s', which would save an FMUL more, made ptxas spill 408
+  // bytes in fa3's head_dim 64 backward, session 31.)
+  FLASHLAB_HOST_DEVICE float softcap_gradient_factor_of(float modified_s) const {
+    const float t = modified_s * softcap_inverse;
+    return fmaxf(1.f - t * t, 0.f);
+  }
   // Per-element work, applied to whole fragments (below): each modification
   // that is on runs as its own loop behind a uniform branch (a sinks-only
   // problem pays nothing per element), and ALiBi's |distance| is one float
   // per fragment row minus a constant per element (FADD and an FFMA with |.|).
   FLASHLAB_HOST_DEVICE bool has_softcap() const { return kScores && softcap_score != 0.f; }
+  FLASHLAB_HOST_DEVICE bool has_alibi() const { return kScores && alibi_score_slope != 0.f; }
+
+  // A forward that takes the softmax of s' / softcap_score under softcap
+  // (tanh units): apply_row<..., kTanhUnits = true> writes t = tanh(...)
+  // where it wrote softcap_score * t (one FMUL an element less), ALiBi's
+  // slope and the sink come divided by softcap_score, and the kernel
+  // multiplies its exponent's scale by score_unit and takes the LSE with
+  // natural_scale(softmax_scale). Without softcap, the same modifier.
+  FLASHLAB_HOST_DEVICE ScoreModifier in_tanh_units() const {
+    ScoreModifier units = *this;
+    if (has_softcap()) {
+      units.score_unit = softcap_score;
+      units.alibi_score_slope = alibi_score_slope * softcap_inverse;
+      units.sink_score = sink_score * softcap_inverse;
+    }
+    return units;
+  }
+  // score_unit, 1 at compile time without per-element code.
+  FLASHLAB_HOST_DEVICE float unit() const { return kScores ? score_unit : 1.f; }
+  // The factor from the kernel's score units to natural-log units.
+  FLASHLAB_HOST_DEVICE float natural_scale(float softmax_scale) const {
+    return kScores ? softmax_scale * score_unit : softmax_scale;
+  }
 
   // Fragments as mask.h's apply_row / apply_column name them: row `row`'s
   // elements score(n, i) of key first_key + n * 8 + lane_key + i, replaced by s'.
-  template <int kTiles, int kPerTile = 2, class Score>
+  template <int kTiles, int kPerTile = 2, bool kTanhUnits = false, class Score>
   FLASHLAB_HOST_DEVICE void apply_row(int row, int first_key, int lane_key, Score&& score) const {
     // distance = row + diagonal - key = (row + diagonal - first_key - lane_key) - (n * 8 + i)
-    apply<kTiles, kPerTile>(static_cast<float>(row + diagonal - first_key - lane_key), -1.f, score);
+    apply<kTiles, kPerTile, kTanhUnits>(static_cast<float>(row + diagonal - first_key - lane_key), -1.f, score);
   }
   // The transposed fragment (the backward's S^T: a thread owns keys, its
   // columns are rows first_row + n * 8 + lane_row + i).
@@ -118,15 +153,17 @@ struct ScoreModifier {
 
  private:
   // Element (n, i)'s distance is base + direction * (n * 8 + i).
-  template <int kTiles, int kPerTile, class Score>
+  template <int kTiles, int kPerTile, bool kTanhUnits = false, class Score>
   FLASHLAB_HOST_DEVICE void apply(float base, float direction, Score&& score) const {
     if constexpr (kScores) {
       if (softcap_score != 0.f) {
 #pragma unroll
         for (int n = 0; n < kTiles; ++n)
 #pragma unroll
-          for (int i = 0; i < kPerTile; ++i)
-            score(n, i) = softcap_score * score_tanh<kFastTanh>(score(n, i) * softcap_inverse);
+          for (int i = 0; i < kPerTile; ++i) {
+            const float t = score_tanh<kFastTanh>(score(n, i) * softcap_inverse);
+            score(n, i) = kTanhUnits ? t : softcap_score * t;
+          }
       }
       if (alibi_score_slope != 0.f) {
 #pragma unroll

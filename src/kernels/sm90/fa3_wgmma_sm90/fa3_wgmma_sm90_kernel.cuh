@@ -426,7 +426,8 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
       if (!modifier.max_is_sink(row_max[h])) sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
     }
     modifier.add_sink_term(sum, row_max[h], scale_log2, exp2);
-    SoftmaxResult result = online_softmax_finish(row_max[h], sum, kFp8 ? p.softmax_scale * fp8.qk : p.softmax_scale);
+    SoftmaxResult result =
+        online_softmax_finish(row_max[h], sum, kFp8 ? p.softmax_scale * fp8.qk : modifier.natural_scale(p.softmax_scale));
     if constexpr (kFp8) {
       result.inverse_sum *= fp8.v;
       result.lse -= kFp8PExponent * 0.6931471805599453f;  // ln 2
@@ -508,6 +509,10 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   uint32_t p_frag[kBN / sm90::kWgmmaK<Element>][4];
   float correction[2];
   constexpr bool kModified = kModifier != ModifierKind::none;
+  // Softcap in tanh units (ScoreModifier::in_tanh_units, one FMUL an element
+  // less) at head_dim 128 only: there softcap ran 0.96-0.996x its old time,
+  // at 64 1.00-1.03x and ALiBi 1.02-1.03x (H200, session 31); 256 not measured.
+  constexpr bool kTanhUnits = kModifier == ModifierKind::all && kD == 128;
   KindModifier<kModifier, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
   const auto reset_rows = [&] {
 #pragma unroll
@@ -536,8 +541,9 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     if constexpr (kModifier == ModifierKind::all) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        modifier.template apply_row<kBN / 8>(cur.q0 + warp_row0 + group + h * 8, k0, thread_in_group * 2,
-                                    [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+        modifier.template apply_row<kBN / 8, 2, kTanhUnits>(
+            cur.q0 + warp_row0 + group + h * 8, k0, thread_in_group * 2,
+            [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
     }
     if (needs_mask) {
       const VisibleKeyMask mask{cur.view.seqlen_q, cur.view.seqlen_k, p.window_left, p.window_right};
@@ -573,7 +579,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
         if (thread_in_group == 0 && row < cur.view.seqlen_q) {
           // Plain locals, so a cuda-gdb condition can name them.
           const int batch = cur.work.batch, head = cur.work.head;
-          const float running_max = row_max[h] * p.softmax_scale;  // natural-log units
+          const float running_max = row_max[h] * modifier.natural_scale(p.softmax_scale);  // natural-log units
           // cuda-gdb: the online-softmax state of this row after `tile` (tests/debug uses this line).
           record_tile_state(p, batch, head, row, tile, running_max, running_sum);
         }
@@ -633,6 +639,10 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     }
     if constexpr (kModified) {
       modifier = kind_modifier<kModifier, true>(p, cur.work.batch, cur.work.head, cur.view.seqlen_q, cur.view.seqlen_k);
+      if constexpr (kTanhUnits) {
+        modifier = modifier.in_tanh_units();
+        scale_log2 = p.softmax_scale * modifier.unit() * kLog2e;
+      }
       row_max[0] = row_max[1] = modifier.initial_row_max();
     }
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
@@ -642,6 +652,10 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     if constexpr (kModified) {
       if (!t.has_keys()) {  // no first_softmax ran: the rows see only the sink, if any
         modifier = kind_modifier<kModifier, true>(p, t.work.batch, t.work.head, t.view.seqlen_q, t.view.seqlen_k);
+        if constexpr (kTanhUnits) {
+          modifier = modifier.in_tanh_units();
+          scale_log2 = p.softmax_scale * modifier.unit() * kLog2e;
+        }
         row_max[0] = row_max[1] = modifier.initial_row_max();
       }
     }

@@ -92,9 +92,8 @@ struct ScoreModifier {
   FLASHLAB_HOST_DEVICE float gradient_factor_of(float modified_s, int row, int key) const {
     if constexpr (kScores) {
       if (softcap_score != 0.f) {
-        const float t =
-            (modified_s + alibi_score_slope * static_cast<float>(abs(row + diagonal - key))) * softcap_inverse;
-        return fmaxf(1.f - t * t, 0.f);
+        return softcap_gradient_factor_of(modified_s +
+                                          alibi_score_slope * static_cast<float>(abs(row + diagonal - key)));
       }
     }
     return 1.f;
@@ -133,9 +132,7 @@ struct ScoreModifier {
   // score_unit, 1 at compile time without per-element code.
   FLASHLAB_HOST_DEVICE float unit() const { return kScores ? score_unit : 1.f; }
   // The factor from the kernel's score units to natural-log units.
-  FLASHLAB_HOST_DEVICE float natural_scale(float softmax_scale) const {
-    return kScores ? softmax_scale * score_unit : softmax_scale;
-  }
+  FLASHLAB_HOST_DEVICE float natural_scale(float softmax_scale) const { return softmax_scale * unit(); }
 
   // Fragments as mask.h's apply_row / apply_column name them: row `row`'s
   // elements score(n, i) of key first_key + n * 8 + lane_key + i, replaced by s'.

@@ -317,8 +317,8 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
       // The head dim split takes a step's slabs before it waits for their
       // additions: waiting for each slab's addition before taking the next
       // held up the second slab, and with it the consumer's next swap store,
-      // an L2 round trip (the d256 deterministic mode: 1.30-1.39x its
-      // default's time -> 1.13-1.21x, H200, session 31). One slab a step
+      // an L2 round trip (the d256 deterministic mode: 1.29-1.38x its
+      // default's time -> 1.16-1.23x, H200, session 31). One slab a step
       // (head_dim 64/128) keeps this order: releasing after the loop cost
       // those 1-3%.
       if (lane == 0 && (Tr::kDqSlabs == 1 || i + 1 == Tr::kDqSlabs))

@@ -625,6 +625,17 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     const VisibleKeyMask mask{cur.view.seqlen_q, cur.view.seqlen_k, p.window_left, p.window_right};
     return k0 + kBN > cur.view.seqlen_k || mask.needs_mask(cur.q0, cur.q0 + kBM - 1, k0, k0 + kBN - 1);
   };
+  // Tile t's modifier (its batch and head), and each row's max before its
+  // first key; in tanh units at head_dim 128 (kTanhUnits), with the
+  // exponent's scale to match.
+  const auto start_modified_rows = [&](const Tile& t) {
+    modifier = kind_modifier<kModifier, true>(p, t.work.batch, t.work.head, t.view.seqlen_q, t.view.seqlen_k);
+    if constexpr (kTanhUnits) {
+      modifier = modifier.in_tanh_units();
+      scale_log2 = p.softmax_scale * modifier.unit() * kLog2e;
+    }
+    row_max[0] = row_max[1] = modifier.initial_row_max();
+  };
   // The first key tile's S (in the K stage of kv_iteration), then its softmax
   // and P: what every later step builds on.
   const auto first_softmax = [&] {
@@ -637,27 +648,13 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
       fp8 = fp8_scales(p, cur.work.batch, cur.work.head);
       scale_log2 = p.softmax_scale * fp8.qk * kLog2e;
     }
-    if constexpr (kModified) {
-      modifier = kind_modifier<kModifier, true>(p, cur.work.batch, cur.work.head, cur.view.seqlen_q, cur.view.seqlen_k);
-      if constexpr (kTanhUnits) {
-        modifier = modifier.in_tanh_units();
-        scale_log2 = p.softmax_scale * modifier.unit() * kLog2e;
-      }
-      row_max[0] = row_max[1] = modifier.initial_row_max();
-    }
+    if constexpr (kModified) start_modified_rows(cur);
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
     convert_p();
   };
   const auto finalize = [&](const Tile& t) {
     if constexpr (kModified) {
-      if (!t.has_keys()) {  // no first_softmax ran: the rows see only the sink, if any
-        modifier = kind_modifier<kModifier, true>(p, t.work.batch, t.work.head, t.view.seqlen_q, t.view.seqlen_k);
-        if constexpr (kTanhUnits) {
-          modifier = modifier.in_tanh_units();
-          scale_log2 = p.softmax_scale * modifier.unit() * kLog2e;
-        }
-        row_max[0] = row_max[1] = modifier.initial_row_max();
-      }
+      if (!t.has_keys()) start_modified_rows(t);  // no first_softmax ran: the rows see only the sink, if any
     }
     store_output_rows<Tr, Element>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max, row_sum,
                                    modifier, fp8);

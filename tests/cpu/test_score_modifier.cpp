@@ -72,6 +72,8 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
       // The forward's modifier and exponent scale (fa3: tanh units under softcap).
       const auto forward_modifier = kFa3 ? modifier.in_tanh_units() : modifier;
       const float forward_scale = kFa3 ? scale * forward_modifier.unit() : scale;
+      // fa3's bf16 forward fixes the row max at the bound where softcap alone allows it.
+      const bool fixed_max = kFa3 && forward_modifier.fix_row_max(forward_scale);
       const auto forward_score = [&](float s, int i, int j) {
         if constexpr (!kFa3) return modifier.modified(s, i, j);
         forward_modifier.template apply_row<1, 1, /*kTanhUnits=*/true>(i, j, 0, [&](int, int) -> float& { return s; });
@@ -79,7 +81,7 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
       };
       for (int i = 0; i < kSeqlenQ; ++i) {
         // Forward: the online softmax over key tiles, as a kernel runs it.
-        float row_max = forward_modifier.initial_row_max(), row_sum = 0.f;
+        float row_max = fixed_max ? forward_modifier.score_bound() : forward_modifier.initial_row_max(), row_sum = 0.f;
         std::vector<float> acc(kHeadDim, 0.f);
         for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {
           float scores[kKeyTile];
@@ -87,7 +89,7 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
           for (int t = 0; t < kKeyTile; ++t) {
             const int j = j0 + t;
             scores[t] = j < kSeqlenK && visible(i, j) ? forward_score(raw_score(b, h, i, j), i, j) : -INFINITY;
-            tile_max = std::fmax(tile_max, scores[t]);
+            if (!fixed_max) tile_max = std::fmax(tile_max, scores[t]);
           }
           float offset;
           const float correction = online_softmax_rescale(row_max, tile_max, forward_scale, offset, expf_);
@@ -174,6 +176,11 @@ TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
       any ? loop_attention<true, KernelWay::fa3>(params, q, k, v, dout)
           : loop_attention<false, KernelWay::fa3>(params, q, k, v, dout)};
   const ReferenceOutput forward = reference_attention(q, k, v, reference);
+  // The fixed row max engages for softcap alone (so the fa3 loop above ran it), never with ALiBi or sinks.
+  const auto tanh_units = score_modifier<true>(params, 0, 0, kSeqlenQ, kSeqlenK).in_tanh_units();
+  EXPECT_EQ(tanh_units.fix_row_max(softmax_scale * tanh_units.unit()), c.softcap && !c.alibi && !c.sinks);
+  // The host's rule (which instantiation fa3 runs) agrees with the device's.
+  EXPECT_EQ(softcap_fixed_max_allowed(params.modification), c.softcap && !c.alibi && !c.sinks);
   const ReferenceGradients backward = reference_attention_backward(q, k, v, dout, reference);
   // float32 loop against float64: a few float32 ulps of values of order 1.
   for (const LoopResult& loop : loops) {
@@ -189,6 +196,22 @@ TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
     expect_close("dv", loop.dv, backward.dv);
     if (c.sinks) expect_close("dsinks", loop.dsinks, backward.dsinks);
   }
+}
+
+// The fixed row max (fa3's softcap_fixed_max instantiation) only where
+// exp(2 * softcap) cannot leave float32's normal range: softcap <= 38; the host
+// and device rules agree on both sides of it, for any softmax_scale.
+TEST(ScoreModifierFixedMax, AllowedUpToASoftcapOf38) {
+  for (const float softmax_scale : {0.01f, 0.125f, 4.f})
+    for (const float softcap : {1.5f, 30.f, 38.f, 38.2f, 50.f}) {
+      AttentionParams params;
+      params.softmax_scale = softmax_scale;
+      params.modification.softcap = softcap;
+      const auto units = score_modifier<true>(params, 0, 0, 7, 11).in_tanh_units();
+      const bool device_rule = units.fix_row_max(softmax_scale * units.unit() * kLog2e);  // exp2 units, as fa3
+      EXPECT_EQ(device_rule, softcap <= 38.f) << "softcap " << softcap << ", scale " << softmax_scale;
+      EXPECT_EQ(softcap_fixed_max_allowed(params.modification), device_rule) << "softcap " << softcap;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -58,6 +58,9 @@ FLASHLAB_HOST_DEVICE inline float score_tanh(float x) {
   return tanhf(x);
 }
 
+// fix_row_max's floor on 2 * bound * scale (P >= 2^-110, normal in float32 and bf16).
+inline constexpr float kFixedMaxExponentFloor = 110.f;
+
 template <bool kEnabled, bool kFastTanh = false, bool kPerElement = true>
 struct ScoreModifier {
   static constexpr bool kScores = kEnabled && kPerElement;  // softcap / ALiBi code present
@@ -129,6 +132,21 @@ struct ScoreModifier {
     }
     return units;
   }
+  // The largest score softcap allows, in the modifier's units: softcap_score,
+  // or 1 in tanh units.
+  FLASHLAB_HOST_DEVICE float score_bound() const { return softcap_score / score_unit; }
+  // Softcap alone bounds every score to [-score_bound(), score_bound()], so a
+  // kernel may fix each row's max at the bound instead of tracking it (no
+  // max reduction, no rescaling of O and l): P = exp2(scale * (s - bound)) >=
+  // 2^(-2 * bound * scale), which stays a normal float (and bf16) while that
+  // exponent is >= -kFixedMaxExponentFloor, i.e. softcap <= 38. Not with
+  // ALiBi (scores far below the bound) or sinks (a logit above it), nor for
+  // fp16 P (it would flush below 2^-24). `scale` is the exponent's (base 2
+  // in fa3). The kernel's row max is then not a score a P element carries.
+  FLASHLAB_HOST_DEVICE bool fix_row_max(float scale) const {
+    return kScores && softcap_score != 0.f && alibi_score_slope == 0.f && sink_score == -INFINITY &&
+           2.f * score_bound() * scale <= kFixedMaxExponentFloor;
+  }
   // score_unit, 1 at compile time without per-element code.
   FLASHLAB_HOST_DEVICE float unit() const { return kScores ? score_unit : 1.f; }
   // The factor from the kernel's score units to natural-log units.
@@ -192,6 +210,7 @@ struct ScoreModifier {
   // True when the row's max is the sink's logit, which no P element carries
   // (row_sum_as_pv_saw_it's correction is then not the kernel's to make).
   FLASHLAB_HOST_DEVICE bool max_is_sink(float row_max) const { return kEnabled && row_max == sink_score; }
+
 };
 
 // The modifier of (batch, head) of a problem: params.modification's values,
@@ -216,17 +235,31 @@ FLASHLAB_HOST_DEVICE inline ScoreModifier<kEnabled, kFastTanh, kPerElement> scor
 
 // Which modification code a forward instantiation carries: none (the plain
 // kernel), sinks (per row only), all; modifier_kind picks it for a problem.
-enum class ModifierKind { none, sinks, all };
+// softcap_fixed_max: all's code for softcap alone with each row's max fixed
+// at its bound at compile time (ScoreModifier::fix_row_max; a kernel that
+// offers it picks it where softcap_fixed_max_allowed says so). Its own
+// instantiation, so that ALiBi and larger caps keep all's code: behind a
+// run-time branch in all's, ALiBi cost 3-6% more (H200, session 31).
+enum class ModifierKind { none, sinks, all, softcap_fixed_max };
 FLASHLAB_HOST_DEVICE inline ModifierKind modifier_kind(const ScoreModificationParams& m) {
   return m.per_element() ? ModifierKind::all : m.any() ? ModifierKind::sinks : ModifierKind::none;
 }
+// The host's form of fix_row_max's rule (the same in tanh units, where the
+// bound is 1 and the exponent's scale softcap * log2(e)).
+inline bool softcap_fixed_max_allowed(const ScoreModificationParams& m) {
+  return m.softcap > 0.f && m.alibi_slopes == nullptr && m.sinks == nullptr &&
+         2.f * m.softcap * kLog2e <= kFixedMaxExponentFloor;
+}
+constexpr bool kind_per_element(ModifierKind kind) {
+  return kind == ModifierKind::all || kind == ModifierKind::softcap_fixed_max;
+}
 template <ModifierKind kKind, bool kFastTanh>
-using KindModifier = ScoreModifier<kKind != ModifierKind::none, kFastTanh, kKind == ModifierKind::all>;
+using KindModifier = ScoreModifier<kKind != ModifierKind::none, kFastTanh, kind_per_element(kKind)>;
 template <ModifierKind kKind, bool kFastTanh>
 FLASHLAB_HOST_DEVICE inline KindModifier<kKind, kFastTanh> kind_modifier(const AttentionParams& params, int batch,
                                                                          int head, int seqlen_q, int seqlen_k) {
-  return score_modifier<kKind != ModifierKind::none, kFastTanh, kKind == ModifierKind::all>(params, batch, head,
-                                                                                            seqlen_q, seqlen_k);
+  return score_modifier<kKind != ModifierKind::none, kFastTanh, kind_per_element(kKind)>(params, batch, head,
+                                                                                         seqlen_q, seqlen_k);
 }
 
 }  // namespace flashlab

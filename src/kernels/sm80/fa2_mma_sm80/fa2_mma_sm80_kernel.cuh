@@ -418,7 +418,8 @@ void launch_forward(const AttentionParams& params) {
       switch (modifier_kind(params.modification)) {
         case ModifierKind::sinks: kernel = fa2_forward_kernel<Tr, Element, false, -1, ModifierKind::sinks>; break;
         case ModifierKind::all: kernel = fa2_forward_kernel<Tr, Element, false, -1, ModifierKind::all>; break;
-        case ModifierKind::none: break;
+        case ModifierKind::none:
+        case ModifierKind::softcap_fixed_max: break;  // modifier_kind never gives it (fa3's own choice)
       }
   }
   constexpr int kSmem = Tr::kSmemBytes;

@@ -408,7 +408,7 @@ inline constexpr float kFp8PExponent = 8.f;
 // row_sum) and write O (4-byte stores) and LSE, rows < seqlen_q only.
 // e4m3 (Element one byte): the output is p.output_dtype's, the scores' scale
 // and O's carry the descales (fp8), P's factor 2^kFp8PExponent leaves the LSE.
-template <class Tr, typename Element, class Modifier>
+template <class Tr, typename Element, bool kFixedMax = false, class Modifier>
 __device__ __forceinline__ void store_output_rows(const AttentionParams& p, const Tile& t, int first_row,
                                                   int thread_in_group, float scale_log2,
                                                   const float (&acc_o)[Tr::kHeadDim / 2], const float (&row_max)[2],
@@ -423,7 +423,9 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if constexpr (!kFp8) {
-      if (!modifier.max_is_sink(row_max[h])) sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
+      // (With kFixedMax the max is the bound, not a score P carries.)
+      if (!kFixedMax && !modifier.max_is_sink(row_max[h]))
+        sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
     }
     modifier.add_sink_term(sum, row_max[h], scale_log2, exp2);
     SoftmaxResult result =
@@ -512,8 +514,15 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // Softcap in tanh units (ScoreModifier::in_tanh_units, one FMUL an element
   // less) at head_dim 128 only: there softcap ran 0.96-0.996x its old time,
   // at 64 1.00-1.03x and ALiBi 1.02-1.03x (H200, session 31); 256 not measured.
-  constexpr bool kTanhUnits = kModifier == ModifierKind::all && kD == 128;
+  constexpr bool kTanhUnits = kind_per_element(kModifier) && kD == 128;
+  // ModifierKind::softcap_fixed_max (bf16 at head_dim 128, softcap alone within
+  // ScoreModifier::fix_row_max's bound): each row's max fixed at the bound, no
+  // max reduction, no rescaling of O.
+  constexpr bool kFixedMax = kModifier == ModifierKind::softcap_fixed_max;
+  static_assert(!kFixedMax || (kTanhUnits && std::is_same_v<Element, __nv_bfloat16>),
+                "the fixed row max needs tanh units and P with float32's exponent range (bf16)");
   KindModifier<kModifier, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
+  const auto fixed_max = [] { return kFixedMax; };
   const auto reset_rows = [&] {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) acc_o[i] = 0.f;
@@ -538,7 +547,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // no longer in flight).
   auto softmax = [&](int tile, bool needs_mask) {
     const int k0 = tile * kBN;
-    if constexpr (kModifier == ModifierKind::all) {
+    if constexpr (kind_per_element(kModifier)) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         modifier.template apply_row<kBN / 8, 2, kTanhUnits>(
@@ -555,11 +564,13 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float tile_max = row_max[h];
+      if (!fixed_max()) {
 #pragma unroll
-      for (int n = 0; n < kBN / 8; ++n)
-        tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        for (int n = 0; n < kBN / 8; ++n)
+          tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      }
       float offset;
       correction[h] = online_softmax_rescale(row_max[h], tile_max, scale_log2, offset, exp2);
       if constexpr (kFp8) offset -= kFp8PExponent;
@@ -587,6 +598,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     }
   };
   auto rescale_o = [&] {
+    if (fixed_max()) return;  // every correction is 1
 #pragma unroll
     for (int n = 0; n < kD / 8; ++n)
 #pragma unroll
@@ -649,6 +661,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
       scale_log2 = p.softmax_scale * fp8.qk * kLog2e;
     }
     if constexpr (kModified) start_modified_rows(cur);
+    if constexpr (kFixedMax) row_max[0] = row_max[1] = modifier.score_bound();  // softcap_fixed_max_allowed
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
     convert_p();
   };
@@ -656,8 +669,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     if constexpr (kModified) {
       if (!t.has_keys()) start_modified_rows(t);  // no first_softmax ran: the rows see only the sink, if any
     }
-    store_output_rows<Tr, Element>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max, row_sum,
-                                   modifier, fp8);
+    store_output_rows<Tr, Element, kFixedMax>(p, t, warp_row0 + group, thread_in_group, scale_log2, acc_o, row_max,
+                                              row_sum, modifier, fp8);
   };
 
   bool started = false;  // cur's first S and softmax done (by the previous tile's tail)
@@ -863,6 +876,11 @@ void launch_forward(const AttentionParams& params) {
     if constexpr (kFp8) {  // unsupported_reason: no trace, no modifications
       return dynamic ? dynamic_kernel<Tr, Element>() : fa3_forward_kernel<Tr, Element, false>;
     } else {
+      if constexpr (std::is_same_v<Element, __nv_bfloat16> && Tr::kHeadDim == 128) {
+        constexpr auto kFixed = ModifierKind::softcap_fixed_max;
+        if (!params.trace.enabled() && kind == kAll && softcap_fixed_max_allowed(params.modification))
+          return dynamic ? dynamic_kernel<Tr, Element, kFixed>() : fa3_forward_kernel<Tr, Element, false, false, kFixed>;
+      }
       return params.trace.enabled() ? fa3_forward_kernel<Tr, Element, true>
              : kind == kAll         ? (dynamic ? dynamic_kernel<Tr, Element, kAll>()
                                                : fa3_forward_kernel<Tr, Element, false, false, kAll>)

@@ -8,7 +8,8 @@
 // their combinations, causal and not, seqlen_q != seqlen_k, GQA. Twice: as
 // fa1/fa2 use the policy (s' and ds'/ds from modified()), and as fa3 does
 // (KernelWay::fa3: the forward in tanh units, in_tanh_units() and
-// apply_row<..., kTanhUnits>; ds'/ds recovered from s' by
+// apply_row_shifted<..., kTanhUnits> over key tiles (ALiBi's row-constant part
+// left out where a tile's keys lie on one side of the diagonal); ds'/ds recovered from s' by
 // gradient_factor_of, or softcap_gradient_factor_of without ALiBi).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -74,10 +75,15 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
       const float forward_scale = kFa3 ? scale * forward_modifier.unit() : scale;
       // fa3's bf16 forward fixes the row max at the bound where softcap alone allows it.
       const bool fixed_max = kFa3 && forward_modifier.fix_row_max(forward_scale);
-      const auto forward_score = [&](float s, int i, int j) {
-        if constexpr (!kFa3) return modifier.modified(s, i, j);
-        forward_modifier.template apply_row<1, 1, /*kTanhUnits=*/true>(i, j, 0, [&](int, int) -> float& { return s; });
-        return s;
+      // A key tile's scores of row i, modified; returns what fa3's forward left
+      // out of them (apply_row_shifted: s' = score + shift), 0 for fa1/fa2.
+      const auto modify_tile = [&](float (&scores)[kKeyTile], int i, int j0) {
+        if constexpr (!kFa3) {
+          for (int t = 0; t < kKeyTile; ++t) scores[t] = modifier.modified(scores[t], i, j0 + t);
+          return 0.f;
+        }
+        return forward_modifier.template apply_row_shifted<1, kKeyTile, /*kTanhUnits=*/true>(
+            i, j0, 0, [&](int, int t) -> float& { return scores[t]; });
       };
       for (int i = 0; i < kSeqlenQ; ++i) {
         // Forward: the online softmax over key tiles, as a kernel runs it.
@@ -85,14 +91,17 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
         std::vector<float> acc(kHeadDim, 0.f);
         for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {
           float scores[kKeyTile];
+          for (int t = 0; t < kKeyTile; ++t) scores[t] = j0 + t < kSeqlenK ? raw_score(b, h, i, j0 + t) : 0.f;
+          const float shift = modify_tile(scores, i, j0);
           float tile_max = row_max;
           for (int t = 0; t < kKeyTile; ++t) {
             const int j = j0 + t;
-            scores[t] = j < kSeqlenK && visible(i, j) ? forward_score(raw_score(b, h, i, j), i, j) : -INFINITY;
-            if (!fixed_max) tile_max = std::fmax(tile_max, scores[t]);
+            if (j >= kSeqlenK || !visible(i, j)) scores[t] = -INFINITY;  // the mask, after the modification
+            if (!fixed_max) tile_max = std::fmax(tile_max, scores[t] + shift);
           }
           float offset;
           const float correction = online_softmax_rescale(row_max, tile_max, forward_scale, offset, expf_);
+          offset -= shift * forward_scale;
           row_sum *= correction;
           for (float& a : acc) a *= correction;
           for (int t = 0; t < kKeyTile; ++t) {
@@ -211,6 +220,41 @@ TEST(ScoreModifierFixedMax, AllowedUpToASoftcapOf38) {
       const bool device_rule = units.fix_row_max(softmax_scale * units.unit() * kLog2e);  // exp2 units, as fa3
       EXPECT_EQ(device_rule, softcap <= 38.f) << "softcap " << softcap << ", scale " << softmax_scale;
       EXPECT_EQ(softcap_fixed_max_allowed(params.modification), device_rule) << "softcap " << softcap;
+    }
+}
+
+// apply_row_shifted on a kernel's fragment shape (4 tiles of 8 keys, 2 a lane):
+// the scores plus the shift it returns are apply_row's, with ALiBi's distance
+// on one side of the diagonal, straddling it, or ending on it; the shift is 0
+// where the lane's keys straddle the diagonal or there is no ALiBi.
+TEST(ScoreModifierShiftedRows, ScoresPlusShiftAreApplyRows) {
+  constexpr int kTiles = 4, kPerTile = 2;
+  const float slopes[] = {0.5f, 0.f};
+  const float softcaps[] = {0.f, 30.f};
+  for (const float slope : slopes)
+    for (const float softcap : softcaps) {
+      AttentionParams params;
+      params.softmax_scale = 0.125f;
+      params.modification.softcap = softcap;
+      params.modification.alibi_slopes = &slope;
+      const auto modifier = score_modifier<true>(params, 0, 0, 100, 140).in_tanh_units();
+      for (int row = 0; row < 100; row += 3)
+        for (const int first_key : {0, 64, 96, 112, 128, 136}) {
+          float shifted[kTiles][kPerTile], plain[kTiles][kPerTile];
+          for (int n = 0; n < kTiles; ++n)
+            for (int i = 0; i < kPerTile; ++i) shifted[n][i] = plain[n][i] = 0.37f * n - 0.11f * i + 0.05f * row;
+          const float shift = modifier.apply_row_shifted<kTiles, kPerTile, true>(
+              row, first_key, 2, [&](int n, int i) -> float& { return shifted[n][i]; });
+          modifier.apply_row<kTiles, kPerTile, true>(row, first_key, 2, [&](int n, int i) -> float& { return plain[n][i]; });
+          const int base = row + 40 - first_key - 2;  // distance of the lane's first key
+          const bool straddles = base > 0 && base < (kTiles - 1) * 8 + kPerTile - 1;
+          if (slope == 0.f || straddles) EXPECT_EQ(shift, 0.f) << "row " << row << ", first key " << first_key;
+          for (int n = 0; n < kTiles; ++n)
+            for (int i = 0; i < kPerTile; ++i)
+              EXPECT_NEAR(shifted[n][i] + shift, plain[n][i], 1e-5f * (1.f + std::fabs(plain[n][i])))
+                  << "row " << row << ", first key " << first_key << ", element (" << n << ", " << i << "), slope "
+                  << slope << ", softcap " << softcap;
+        }
     }
 }
 

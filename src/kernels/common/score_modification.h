@@ -159,6 +159,34 @@ struct ScoreModifier {
     // distance = row + diagonal - key = (row + diagonal - first_key - lane_key) - (n * 8 + i)
     apply<kTiles, kPerTile, kTanhUnits>(static_cast<float>(row + diagonal - first_key - lane_key), -1.f, score);
   }
+  // apply_row with ALiBi's row-constant part left out where a lane's keys all
+  // lie on one side of the row's diagonal key (distance base - c for the
+  // lane's key offsets c = n * 8 + i, all >= 0 or all <= 0): |distance| is
+  // then +-(base - c), one FFMA an element (score += +-slope * c, c an
+  // immediate) instead of two. Returns the shift the lane left out (s' =
+  // score + shift): the caller adds it to the lane's max and takes it out of
+  // the exponent's offset. 0 on lanes whose keys straddle the diagonal
+  // (apply_row's code there).
+  template <int kTiles, int kPerTile = 2, bool kTanhUnits = false, class Score>
+  FLASHLAB_HOST_DEVICE float apply_row_shifted(int row, int first_key, int lane_key, Score&& score) const {
+    if constexpr (kScores) {
+      const float base = static_cast<float>(row + diagonal - first_key - lane_key);
+      apply_softcap<kTiles, kPerTile, kTanhUnits>(score);
+      if (alibi_score_slope != 0.f) {
+        constexpr float kLastOffset = (kTiles - 1) * 8 + kPerTile - 1;
+        if (base >= kLastOffset || base <= 0.f) {
+          const float signed_slope = base > 0.f ? alibi_score_slope : -alibi_score_slope;
+#pragma unroll
+          for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+            for (int i = 0; i < kPerTile; ++i) score(n, i) += signed_slope * static_cast<float>(n * 8 + i);
+          return -signed_slope * base;
+        }
+        apply_alibi<kTiles, kPerTile>(base, -1.f, score);
+      }
+    }
+    return 0.f;
+  }
   // The transposed fragment (the backward's S^T: a thread owns keys, its
   // columns are rows first_row + n * 8 + lane_row + i).
   template <int kTiles, int kPerTile = 2, class Score>
@@ -171,23 +199,29 @@ struct ScoreModifier {
   template <int kTiles, int kPerTile, bool kTanhUnits = false, class Score>
   FLASHLAB_HOST_DEVICE void apply(float base, float direction, Score&& score) const {
     if constexpr (kScores) {
-      if (softcap_score != 0.f) {
-#pragma unroll
-        for (int n = 0; n < kTiles; ++n)
-#pragma unroll
-          for (int i = 0; i < kPerTile; ++i) {
-            const float t = score_tanh<kFastTanh>(score(n, i) * softcap_inverse);
-            score(n, i) = kTanhUnits ? t : softcap_score * t;
-          }
-      }
-      if (alibi_score_slope != 0.f) {
-#pragma unroll
-        for (int n = 0; n < kTiles; ++n)
-#pragma unroll
-          for (int i = 0; i < kPerTile; ++i)
-            score(n, i) -= alibi_score_slope * fabsf(base + direction * static_cast<float>(n * 8 + i));
-      }
+      apply_softcap<kTiles, kPerTile, kTanhUnits>(score);
+      if (alibi_score_slope != 0.f) apply_alibi<kTiles, kPerTile>(base, direction, score);
     }
+  }
+  template <int kTiles, int kPerTile, bool kTanhUnits, class Score>
+  FLASHLAB_HOST_DEVICE void apply_softcap(Score& score) const {
+    if (softcap_score != 0.f) {
+#pragma unroll
+      for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+        for (int i = 0; i < kPerTile; ++i) {
+          const float t = score_tanh<kFastTanh>(score(n, i) * softcap_inverse);
+          score(n, i) = kTanhUnits ? t : softcap_score * t;
+        }
+    }
+  }
+  template <int kTiles, int kPerTile, class Score>
+  FLASHLAB_HOST_DEVICE void apply_alibi(float base, float direction, Score& score) const {
+#pragma unroll
+    for (int n = 0; n < kTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < kPerTile; ++i)
+        score(n, i) -= alibi_score_slope * fabsf(base + direction * static_cast<float>(n * 8 + i));
   }
 
  public:

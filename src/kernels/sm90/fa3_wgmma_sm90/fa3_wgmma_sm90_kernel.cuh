@@ -523,6 +523,9 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
                 "the fixed row max needs tanh units and P with float32's exponent range (bf16)");
   KindModifier<kModifier, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
   const auto fixed_max = [] { return kFixedMax; };
+  // ALiBi's row-constant part out of the per-element code (apply_row_shifted)
+  // in all's forward; the fixed-max kind (no ALiBi) keeps apply_row's.
+  constexpr bool kShiftedRows = kModifier == ModifierKind::all;
   const auto reset_rows = [&] {
 #pragma unroll
     for (int i = 0; i < kD / 2; ++i) acc_o[i] = 0.f;
@@ -547,12 +550,19 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // no longer in flight).
   auto softmax = [&](int tile, bool needs_mask) {
     const int k0 = tile * kBN;
+    // What this lane left out of its scores in each row (apply_row_shifted):
+    // s' = acc_s + lane_shift; added to the lane's max, taken out of its offset.
+    float lane_shift[2] = {0.f, 0.f};
     if constexpr (kind_per_element(kModifier)) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        modifier.template apply_row<kBN / 8, 2, kTanhUnits>(
-            cur.q0 + warp_row0 + group + h * 8, k0, thread_in_group * 2,
-            [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; });
+      for (int h = 0; h < 2; ++h) {
+        const int row = cur.q0 + warp_row0 + group + h * 8;
+        const auto score = [&](int n, int e) -> float& { return acc_s[n * 4 + h * 2 + e]; };
+        if constexpr (kShiftedRows)
+          lane_shift[h] = modifier.template apply_row_shifted<kBN / 8, 2, kTanhUnits>(row, k0, thread_in_group * 2, score);
+        else
+          modifier.template apply_row<kBN / 8, 2, kTanhUnits>(row, k0, thread_in_group * 2, score);
+      }
     }
     if (needs_mask) {
       const VisibleKeyMask mask{cur.view.seqlen_q, cur.view.seqlen_k, p.window_left, p.window_right};
@@ -565,15 +575,18 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
     for (int h = 0; h < 2; ++h) {
       float tile_max = row_max[h];
       if (!fixed_max()) {
+        float lane_max = kShiftedRows ? -INFINITY : tile_max;
 #pragma unroll
         for (int n = 0; n < kBN / 8; ++n)
-          tile_max = fmaxf(tile_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
+          lane_max = fmaxf(lane_max, fmaxf(acc_s[n * 4 + h * 2], acc_s[n * 4 + h * 2 + 1]));
+        tile_max = kShiftedRows ? fmaxf(tile_max, lane_max + lane_shift[h]) : lane_max;
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       }
       float offset;
       correction[h] = online_softmax_rescale(row_max[h], tile_max, scale_log2, offset, exp2);
       if constexpr (kFp8) offset -= kFp8PExponent;
+      if constexpr (kShiftedRows) offset -= lane_shift[h] * scale_log2;  // the lane's P from its own scores
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < kBN / 8; ++n)

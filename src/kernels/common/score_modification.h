@@ -10,7 +10,9 @@
 // softmax (online_softmax.h: scale = softmax_scale or softmax_scale * log2(e))
 // runs unchanged on s'. How a kernel uses it:
 //   - apply_row / apply_column on every S fragment before the mask (the
-//     mask policy's fragment convention, mask.h);
+//     mask policy's fragment convention, mask.h); or apply_row_shifted, which
+//     leaves ALiBi's row-constant part to the caller's max and offset (fa3's
+//     forward);
 //   - each row's running max starts at initial_row_max() (the sink, so the
 //     rescaling already counts it) and its sum at 0; after the last tile,
 //     add_sink_term(row_sum, row_max, ...) once per row (kernels that keep

@@ -52,9 +52,11 @@
 // trace's key tiles are visited from the last down. The output is written
 // from registers (4-byte stores per pair). Score modifications (softcap,
 // ALiBi, sinks; common/score_modification.h) are kModifier instantiations
-// (ModifierKind: sinks alone, or all),
-// either schedule, untraced: S through the policy before the mask, each row's
-// max from its sink, the sink's term added in the epilogue.
+// (ModifierKind: sinks alone, all, or softcap_fixed_max: bf16 at head_dim
+// 128 with softcap <= 38 alone, each row's max fixed at the bound), either
+// schedule, untraced: S through the policy before the mask (all's forward
+// leaves ALiBi's row-constant part to each lane's max and offset), each
+// row's max from its sink, the sink's term added in the epilogue.
 //
 // Structure: ForwardSharedStorage (the shared-memory carve-out and barriers),
 // forward_producer (the TMA thread), ForwardTileSource (the consumers' side of
@@ -524,7 +526,10 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   KindModifier<kModifier, /*kFastTanh=*/true> modifier;  // cur's (batch, head), set by first_softmax
   const auto fixed_max = [] { return kFixedMax; };
   // ALiBi's row-constant part out of the per-element code (apply_row_shifted)
-  // in all's forward; the fixed-max kind (no ALiBi) keeps apply_row's.
+  // in all's forward; the fixed-max kind (no ALiBi) keeps apply_row's. On a
+  // shifted lane the max's term that row_sum_as_pv_saw_it recomputes is the
+  // kernel's within the offset's rounding, no longer bitwise (a one-ulp matter
+  // only for fp16 rows with exponents near 4e4, LargeScores' regime).
   constexpr bool kShiftedRows = kModifier == ModifierKind::all;
   const auto reset_rows = [&] {
 #pragma unroll

@@ -62,6 +62,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -96,6 +97,19 @@ const std::string kDeterministicSuffix = "(det)";
 const std::vector<std::string> kDecodeBackends = {"flash", "cudnn"};
 // --decode --api: loops of kApiSteps calls, kApiLoops of them a row by default.
 constexpr int kApiSteps = 200, kApiLoops = 15;
+
+// The cap a --modifications entry asks for: 30 for softcap and all, X for
+// softcap=X (a positive number; anything else there is an ArgumentError);
+// nullopt for entries without softcap.
+std::optional<double> softcap_of_modification(const std::string& modification) {
+  if (modification == "softcap" || modification == "all") return 30.0;
+  constexpr std::string_view kPrefix = "softcap=";
+  if (modification.rfind(kPrefix, 0) != 0) return std::nullopt;
+  const double cap = flashlab::parse_number("--modifications softcap=X", modification.substr(kPrefix.size()));
+  if (!(cap > 0.0) || !std::isfinite(cap))
+    throw flashlab::ArgumentError("--modifications softcap=X takes a cap > 0; got '" + modification + "'");
+  return cap;
+}
 
 struct BenchConfig {
   std::vector<int> head_dims = {64, 128};
@@ -226,12 +240,15 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 forward_only.push_back("--direction");
               })
       .option("--modifications", "softcap,alibi,sinks,all",
-              "each registered kernel also runs with the score modification,\nas NAME+softcap (softcap 30), "
-              "NAME+alibi (ALiBi per head), NAME+sinks,\nNAME+all (the three); torch's rows stay plain "
-              "(--decode: contiguous cache rows)",
+              "each registered kernel also runs with the score modification,\nas NAME+softcap (softcap 30; "
+              "softcap=X: cap X, e.g. Gemma 2's 50), NAME+alibi (ALiBi per head),\nNAME+sinks, NAME+all (the "
+              "three); torch's rows stay plain (--decode: contiguous cache rows)",
               [&](const std::string& v) {
                 config.modifications = flashlab::parse_list("--modifications", v);
-                flashlab::check_choices("--modifications", config.modifications, {"softcap", "alibi", "sinks", "all"});
+                std::vector<std::string> named;
+                for (const std::string& name : config.modifications)
+                  if (!softcap_of_modification(name) || name == "softcap" || name == "all") named.push_back(name);
+                flashlab::check_choices("--modifications", named, {"softcap", "alibi", "sinks", "all"});
               })
       .flag("--sweep",
             "time every tuning configuration that takes the case (after a correctness\ncheck) against "
@@ -488,11 +505,11 @@ std::string kernel_of(const std::string& implementation, bool* deterministic = n
   return name.substr(0, plus);
 }
 
-// The spec with --modifications' entry applied (softcap 30, ALiBi per head, sinks),
-// or with e4m3 inputs (--dtype=e4m3's rows).
+// The spec with --modifications' entry applied (softcap 30 or softcap=X's cap,
+// ALiBi per head, sinks), or with e4m3 inputs (--dtype=e4m3's rows).
 ProblemSpec modified_spec(ProblemSpec spec, const std::string& modification) {
   if (modification == "e4m3") spec.dtype = at::kFloat8_e4m3fn;
-  if (modification == "softcap" || modification == "all") spec.softcap = 30.0;
+  if (const auto cap = softcap_of_modification(modification)) spec.softcap = *cap;
   if (modification == "alibi" || modification == "all") spec.alibi = ProblemSpec::Alibi::per_head;
   if (modification == "sinks" || modification == "all") spec.sinks = true;
   return spec;

@@ -248,7 +248,8 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 std::vector<std::string> named;
                 for (const std::string& name : config.modifications)
                   if (!softcap_of_modification(name) || name == "softcap" || name == "all") named.push_back(name);
-                flashlab::check_choices("--modifications", named, {"softcap", "alibi", "sinks", "all"});
+                // (softcap=X entries were parsed above; the name is listed for the message)
+                flashlab::check_choices("--modifications", named, {"softcap", "softcap=X", "alibi", "sinks", "all"});
               })
       .flag("--sweep",
             "time every tuning configuration that takes the case (after a correctness\ncheck) against "

@@ -770,10 +770,29 @@ namespace {
 
 // Each modification x {no mask, causal with rows that see no key (q 203 >
 // k 113), a window, a varlen batch with empty sequences}, GQA (8 over 2), head
-// dim 64, the 16-bit dtypes cycling; and float32 (causal) where taken.
+// dim 64, the 16-bit dtypes cycling; and float32 (causal) where taken. Then
+// softcap alone where fa3 fixes each row's max (bf16, head_dim 128, softcap
+// <= 38): those masks, scores at the bound (softcap 38 with softmax_scale 4),
+// and softcap 50 just past the rule (all's code).
 std::vector<KernelCase> modification_cases(int compute_capability, const Kernels& kernels, bool backward) {
   std::vector<KernelCase> cases;
-  for (const auto& kernel : kernels)
+  for (const auto& kernel : kernels) {
+    const auto capped = [&](ProblemSpec spec, double softcap, const std::string& label) {
+      spec.head_dim = 128;
+      spec.softcap = softcap;
+      add_if_supported(cases, kernel, label, spec, compute_capability, backward);
+    };
+    capped(grouped_spec(2, 203, 113, at::kBFloat16, /*causal=*/true), 30.0,
+           "softcap30_bf16_d128" + seqlen_label(203, 113) + "_kv2_causal");
+    capped(varlen_spec(varlen_lengths()[1], at::kBFloat16, 2, /*causal=*/true), 30.0,
+           "softcap30_bf16_d128_varlen_unequal_kv2_causal");
+    ProblemSpec windowed = grouped_spec(1, 257, 300, at::kBFloat16);
+    windowed.window_left = 17, windowed.window_right = 33;
+    capped(windowed, 1.5, "softcap1p5_bf16_d128" + seqlen_label(257, 300) + "_kv2" + window_label(17, 33));
+    ProblemSpec saturated = grouped_spec(1, 1023, 1023, at::kBFloat16);
+    saturated.softmax_scale = 4.0;
+    capped(saturated, 38.0, "softcap38_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
+    capped(saturated, 50.0, "softcap50_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
     for (size_t index = 0; index < score_modifications().size(); ++index) {
       const ScoreModificationCase& modification = score_modifications()[index];
       const auto modified = [&](ProblemSpec spec) {
@@ -801,6 +820,7 @@ std::vector<KernelCase> modification_cases(int compute_capability, const Kernels
       wide.head_dim = 256;
       add(wide, seqlen_label(113, 203) + "_kv2_causal_d256");
     }
+  }
   return cases;
 }
 

@@ -99,14 +99,14 @@ const std::vector<std::string> kDecodeBackends = {"flash", "cudnn"};
 constexpr int kApiSteps = 200, kApiLoops = 15;
 
 // The cap a --modifications entry asks for: 30 for softcap and all, X for
-// softcap=X (a positive number; anything else there is an ArgumentError);
+// softcap=X (positive as a float; anything else there is an ArgumentError);
 // nullopt for entries without softcap.
 std::optional<double> softcap_of_modification(const std::string& modification) {
   if (modification == "softcap" || modification == "all") return 30.0;
   constexpr std::string_view kPrefix = "softcap=";
   if (modification.rfind(kPrefix, 0) != 0) return std::nullopt;
   const double cap = flashlab::parse_number("--modifications softcap=X", modification.substr(kPrefix.size()));
-  if (!(cap > 0.0) || !std::isfinite(cap))
+  if (!(static_cast<float>(cap) > 0.f) || !std::isfinite(static_cast<float>(cap)))  // kernels take a float
     throw flashlab::ArgumentError("--modifications softcap=X takes a cap > 0; got '" + modification + "'");
   return cap;
 }

@@ -73,8 +73,9 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
       // The forward's modifier and exponent scale (fa3: tanh units under softcap).
       const auto forward_modifier = kFa3 ? modifier.in_tanh_units() : modifier;
       const float forward_scale = kFa3 ? scale * forward_modifier.unit() : scale;
-      // fa3's bf16 forward fixes the row max at the bound where softcap alone allows it.
-      const bool fixed_max = kFa3 && forward_modifier.fix_row_max(forward_scale);
+      // fa3's bf16 forward fixes the row max at the bound where softcap alone allows it
+      // (the rule in fa3's base-2 exponent units; this loop's exp is natural).
+      const bool fixed_max = kFa3 && forward_modifier.fix_row_max(forward_scale * kLog2e);
       // A key tile's scores of row i, modified; returns what fa3's forward left
       // out of them (apply_row_shifted: s' = score + shift), 0 for fa1/fa2.
       const auto modify_tile = [&](float (&scores)[kKeyTile], int i, int j0) {
@@ -187,7 +188,7 @@ TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
   const ReferenceOutput forward = reference_attention(q, k, v, reference);
   // The fixed row max engages for softcap alone (so the fa3 loop above ran it), never with ALiBi or sinks.
   const auto tanh_units = score_modifier<true>(params, 0, 0, kSeqlenQ, kSeqlenK).in_tanh_units();
-  EXPECT_EQ(tanh_units.fix_row_max(softmax_scale * tanh_units.unit()), c.softcap && !c.alibi && !c.sinks);
+  EXPECT_EQ(tanh_units.fix_row_max(softmax_scale * tanh_units.unit() * kLog2e), c.softcap && !c.alibi && !c.sinks);
   // The host's rule (which instantiation fa3 runs) agrees with the device's.
   EXPECT_EQ(softcap_fixed_max_allowed(params.modification), c.softcap && !c.alibi && !c.sinks);
   const ReferenceGradients backward = reference_attention_backward(q, k, v, dout, reference);

@@ -425,7 +425,9 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if constexpr (!kFp8) {
-      // (With kFixedMax the max is the bound, not a score P carries.)
+      // (With kFixedMax the max is the bound, not a score P carries; the row's
+      // largest P is below 1 and l sums it unrounded: up to 2^-9 relative in a
+      // nearly one-hot bf16 row, within bf16's own rounding of O.)
       if (!kFixedMax && !modifier.max_is_sink(row_max[h]))
         sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
     }

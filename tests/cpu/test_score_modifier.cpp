@@ -88,7 +88,8 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
       };
       for (int i = 0; i < kSeqlenQ; ++i) {
         // Forward: the online softmax over key tiles, as a kernel runs it.
-        float row_max = fixed_max ? forward_modifier.score_bound() : forward_modifier.initial_row_max(), row_sum = 0.f;
+        float row_max = fixed_max ? forward_modifier.fixed_row_max(forward_scale * kLog2e) : forward_modifier.initial_row_max(),
+              row_sum = 0.f;
         std::vector<float> acc(kHeadDim, 0.f);
         for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {
           float scores[kKeyTile];
@@ -209,18 +210,51 @@ TEST_P(ScoreModifierCases, LoopThroughThePolicyMatchesTheReference) {
 }
 
 // The fixed row max (fa3's softcap_fixed_max instantiation) only where
-// exp(2 * softcap) cannot leave float32's normal range: softcap <= 38; the host
-// and device rules agree on both sides of it, for any softmax_scale.
-TEST(ScoreModifierFixedMax, AllowedUpToASoftcapOf38) {
+// 2^(2 * softcap * log2(e)) fits P's window [2^-110, 2^64]: softcap <= 60.3;
+// the host and device rules agree on both sides of it, for any softmax_scale.
+TEST(ScoreModifierFixedMax, AllowedUpToASoftcapOf60) {
   for (const float softmax_scale : {0.01f, 0.125f, 4.f})
-    for (const float softcap : {1.5f, 30.f, 38.f, 38.2f, 50.f}) {
+    for (const float softcap : {1.5f, 30.f, 38.2f, 50.f, 60.f, 60.5f, 80.f}) {
       AttentionParams params;
       params.softmax_scale = softmax_scale;
       params.modification.softcap = softcap;
       const auto units = score_modifier<true>(params, 0, 0, 7, 11).in_tanh_units();
       const bool device_rule = units.fix_row_max(softmax_scale * units.unit() * kLog2e);  // exp2 units, as fa3
-      EXPECT_EQ(device_rule, softcap <= 38.f) << "softcap " << softcap << ", scale " << softmax_scale;
+      EXPECT_EQ(device_rule, softcap <= 60.f) << "softcap " << softcap << ", scale " << softmax_scale;
       EXPECT_EQ(softcap_fixed_max_allowed(params.modification), device_rule) << "softcap " << softcap;
+    }
+}
+
+// With the max fixed where fa3 fixes it (tanh units, base 2), P over scores
+// from -bound to bound stays in [2^-110, 2^64], the max is the bound itself
+// while that keeps P <= 1 (softcap <= 38), and a row's softmax from those P
+// (float32, as the kernel sums them) matches float64.
+TEST(ScoreModifierFixedMax, PStaysInItsWindowAndTheSoftmaxIsExact) {
+  for (const float softmax_scale : {0.01f, 0.125f, 4.f})
+    for (const float softcap : {1.5f, 30.f, 38.f, 45.f, 50.f, 60.f}) {
+      AttentionParams params;
+      params.softmax_scale = softmax_scale;
+      params.modification.softcap = softcap;
+      const auto units = score_modifier<true>(params, 0, 0, 7, 11).in_tanh_units();
+      const float scale = softmax_scale * units.unit() * kLog2e;
+      ASSERT_TRUE(units.fix_row_max(scale)) << "softcap " << softcap;
+      const float max = units.fixed_row_max(scale), bound = units.score_bound();
+      const std::string what = "softcap " + std::to_string(softcap) + ", scale " + std::to_string(softmax_scale);
+      if (2.f * bound * scale <= kFixedMaxExponentFloor) EXPECT_EQ(max, bound) << what;
+      constexpr int kKeys = 65;  // tanh-unit scores from -1 to 1, both ends included
+      float p[kKeys], sum = 0.f;
+      double want[kKeys], want_sum = 0.0;
+      for (int j = 0; j < kKeys; ++j) {
+        const float t = -bound + 2.f * bound * static_cast<float>(j) / (kKeys - 1);
+        p[j] = std::exp2(t * scale - max * scale);
+        sum += p[j];
+        want[j] = std::exp2(static_cast<double>(t) * scale - static_cast<double>(bound) * scale);
+        want_sum += want[j];
+      }
+      EXPECT_GE(p[0], std::ldexp(1.f, -110) * 0.999f) << what;
+      EXPECT_LE(p[kKeys - 1], std::ldexp(1.f, 64) * 1.001f) << what;
+      for (int j = 0; j < kKeys; ++j)
+        EXPECT_NEAR(p[j] / sum, want[j] / want_sum, 1e-5 * want[j] / want_sum + 1e-30) << what << ", key " << j;
     }
 }
 

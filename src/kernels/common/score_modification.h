@@ -60,8 +60,12 @@ FLASHLAB_HOST_DEVICE inline float score_tanh(float x) {
   return tanhf(x);
 }
 
-// fix_row_max's floor on 2 * bound * scale (P >= 2^-110, normal in float32 and bf16).
+// The window a fixed row max keeps P in: P >= 2^-110 (normal in float32 and
+// bf16, and P * v stays normal for |v| >= 2^-16) and P <= 2^64 (O and l sum
+// up to 2^31 keys of P * v in float32 with room to spare). fix_row_max
+// needs the scores' range to fit: 2 * bound * scale <= 110 + 64.
 inline constexpr float kFixedMaxExponentFloor = 110.f;
+inline constexpr float kFixedMaxExponentCeiling = 64.f;
 
 template <bool kEnabled, bool kFastTanh = false, bool kPerElement = true>
 struct ScoreModifier {
@@ -138,16 +142,24 @@ struct ScoreModifier {
   // or 1 in tanh units.
   FLASHLAB_HOST_DEVICE float score_bound() const { return softcap_score / score_unit; }
   // Softcap alone bounds every score to [-score_bound(), score_bound()], so a
-  // kernel may fix each row's max at the bound instead of tracking it (no
-  // max reduction, no rescaling of O and l): P = exp2(scale * (s - bound)) >=
-  // 2^(-2 * bound * scale), which stays a normal float (and bf16) while that
-  // exponent is >= -kFixedMaxExponentFloor, i.e. softcap <= 38. Not with
-  // ALiBi (scores far below the bound) or sinks (a logit above it), nor for
-  // fp16 P (it would flush below 2^-24). `scale` is the exponent's (base 2
-  // in fa3). The kernel's row max is then not a score a P element carries.
+  // kernel may fix each row's max at a constant instead of tracking it (no
+  // max reduction, no rescaling of O and l): with the max at fixed_row_max(),
+  // P = exp2(scale * (s - max)) stays within [2^-kFixedMaxExponentFloor,
+  // 2^kFixedMaxExponentCeiling] while 2 * bound * scale fits that window,
+  // i.e. softcap <= 60 (Gemma 2's 50 included). Not with ALiBi (scores far
+  // below the bound) or sinks (a logit above it), nor for fp16 P (its range
+  // is 2^-24 .. 2^16). `scale` is the exponent's (base 2 in fa3). The row
+  // max is then not a score a P element carries.
   FLASHLAB_HOST_DEVICE bool fix_row_max(float scale) const {
     return kScores && softcap_score != 0.f && alibi_score_slope == 0.f && sink_score == -INFINITY &&
-           2.f * score_bound() * scale <= kFixedMaxExponentFloor;
+           2.f * score_bound() * scale <= kFixedMaxExponentFloor + kFixedMaxExponentCeiling;
+  }
+  // The fixed max (score units): the bound itself while 2^(-2 * bound *
+  // scale) is above the floor (P <= 1, as a tracked max gives), else the
+  // value that puts the smallest P on the floor (the largest P then goes up
+  // to 2^(2 * bound * scale - floor) <= the ceiling).
+  FLASHLAB_HOST_DEVICE float fixed_row_max(float scale) const {
+    return fminf(score_bound(), kFixedMaxExponentFloor / scale - score_bound());
   }
   // score_unit, 1 at compile time without per-element code.
   FLASHLAB_HOST_DEVICE float unit() const { return kScores ? score_unit : 1.f; }
@@ -272,7 +284,7 @@ FLASHLAB_HOST_DEVICE inline ScoreModifier<kEnabled, kFastTanh, kPerElement> scor
 // Which modification code a forward instantiation carries: none (the plain
 // kernel), sinks (per row only), all; modifier_kind picks it for a problem.
 // softcap_fixed_max: all's code for softcap alone with each row's max fixed
-// at its bound at compile time (ScoreModifier::fix_row_max; a kernel that
+// at a constant at compile time (ScoreModifier::fix_row_max; a kernel that
 // offers it picks it where softcap_fixed_max_allowed says so). Its own
 // instantiation, so that ALiBi and larger caps keep all's code: behind a
 // run-time branch in all's, ALiBi cost 3-6% more (H200, session 31).
@@ -284,7 +296,7 @@ FLASHLAB_HOST_DEVICE inline ModifierKind modifier_kind(const ScoreModificationPa
 // bound is 1 and the exponent's scale softcap * log2(e)).
 inline bool softcap_fixed_max_allowed(const ScoreModificationParams& m) {
   return m.softcap > 0.f && m.alibi_slopes == nullptr && m.sinks == nullptr &&
-         2.f * m.softcap * kLog2e <= kFixedMaxExponentFloor;
+         2.f * m.softcap * kLog2e <= kFixedMaxExponentFloor + kFixedMaxExponentCeiling;
 }
 constexpr bool kind_per_element(ModifierKind kind) {
   return kind == ModifierKind::all || kind == ModifierKind::softcap_fixed_max;

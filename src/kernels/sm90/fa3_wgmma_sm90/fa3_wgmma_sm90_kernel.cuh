@@ -53,7 +53,7 @@
 // from registers (4-byte stores per pair). Score modifications (softcap,
 // ALiBi, sinks; common/score_modification.h) are kModifier instantiations
 // (ModifierKind: sinks alone, all, or softcap_fixed_max: bf16 at head_dim
-// 128 with softcap <= 38 alone, each row's max fixed at the bound), either
+// 128 with softcap <= 60 alone, each row's max fixed), either
 // schedule, untraced: S through the policy before the mask (all's forward
 // leaves ALiBi's row-constant part to each lane's max and offset), each
 // row's max from its sink, the sink's term added in the epilogue.
@@ -425,9 +425,9 @@ __device__ __forceinline__ void store_output_rows(const AttentionParams& p, cons
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if constexpr (!kFp8) {
-      // (With kFixedMax the max is the bound, not a score P carries; the row's
-      // largest P is below 1 and l sums it unrounded: up to 2^-9 relative in a
-      // nearly one-hot bf16 row, within bf16's own rounding of O.)
+      // (With kFixedMax the max is a constant, not a score P carries; l sums
+      // the row's P unrounded where P V takes them rounded: up to 2^-9 relative
+      // in a nearly one-hot bf16 row, within bf16's own rounding of O.)
       if (!kFixedMax && !modifier.max_is_sink(row_max[h]))
         sum = row_sum_as_pv_saw_it<Element>(sum, row_max[h], scale_log2, exp2);
     }
@@ -520,8 +520,8 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
   // at 64 1.00-1.03x and ALiBi 1.02-1.03x (H200, session 31); 256 not measured.
   constexpr bool kTanhUnits = kind_per_element(kModifier) && kD == 128;
   // ModifierKind::softcap_fixed_max (bf16 at head_dim 128, softcap alone within
-  // ScoreModifier::fix_row_max's bound): each row's max fixed at the bound, no
-  // max reduction, no rescaling of O.
+  // ScoreModifier::fix_row_max's window): each row's max fixed (fixed_row_max),
+  // no max reduction, no rescaling of O.
   constexpr bool kFixedMax = kModifier == ModifierKind::softcap_fixed_max;
   static_assert(!kFixedMax || (kTanhUnits && std::is_same_v<Element, __nv_bfloat16>),
                 "the fixed row max needs tanh units and P with float32's exponent range (bf16)");
@@ -681,7 +681,7 @@ __device__ __forceinline__ void forward_consumer(const KernelArguments& args, co
       scale_log2 = p.softmax_scale * fp8.qk * kLog2e;
     }
     if constexpr (kModified) start_modified_rows(cur);
-    if constexpr (kFixedMax) row_max[0] = row_max[1] = modifier.score_bound();  // softcap_fixed_max_allowed
+    if constexpr (kFixedMax) row_max[0] = row_max[1] = modifier.fixed_row_max(scale_log2);  // softcap_fixed_max_allowed
     softmax(cur.tiles.last, needs_mask(cur.tiles.last));
     convert_p();
   };

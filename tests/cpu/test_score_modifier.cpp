@@ -88,7 +88,8 @@ LoopResult loop_attention(const AttentionParams& params, const at::Tensor& q, co
       };
       for (int i = 0; i < kSeqlenQ; ++i) {
         // Forward: the online softmax over key tiles, as a kernel runs it.
-        float row_max = fixed_max ? forward_modifier.fixed_row_max(forward_scale * kLog2e) : forward_modifier.initial_row_max(),
+        float row_max = fixed_max ? forward_modifier.fixed_row_max(forward_scale * kLog2e)
+                                  : forward_modifier.initial_row_max(),
               row_sum = 0.f;
         std::vector<float> acc(kHeadDim, 0.f);
         for (int j0 = 0; j0 < kSeqlenK; j0 += kKeyTile) {

@@ -772,8 +772,9 @@ namespace {
 // k 113), a window, a varlen batch with empty sequences}, GQA (8 over 2), head
 // dim 64, the 16-bit dtypes cycling; and float32 (causal) where taken. Then
 // softcap alone where fa3 fixes each row's max (bf16, head_dim 128, softcap
-// <= 38): those masks, scores at the bound (softcap 38 with softmax_scale 4),
-// and softcap 50 just past the rule (all's code).
+// <= 60): those masks, scores at the bound with softmax_scale 4 at softcap 38
+// (the max at the bound), 50 and 60 (the max below it, P above 1), and 61 just
+// past the rule (all's code).
 std::vector<KernelCase> modification_cases(int compute_capability, const Kernels& kernels, bool backward) {
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels) {
@@ -792,7 +793,8 @@ std::vector<KernelCase> modification_cases(int compute_capability, const Kernels
     ProblemSpec saturated = grouped_spec(1, 1023, 1023, at::kBFloat16);
     saturated.softmax_scale = 4.0;
     capped(saturated, 38.0, "softcap38_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
-    capped(saturated, 50.0, "softcap50_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
+    for (const double softcap : {50.0, 60.0, 61.0})
+      capped(saturated, softcap, "softcap" + std::to_string(int(softcap)) + "_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
     for (size_t index = 0; index < score_modifications().size(); ++index) {
       const ScoreModificationCase& modification = score_modifications()[index];
       const auto modified = [&](ProblemSpec spec) {

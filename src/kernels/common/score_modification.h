@@ -258,7 +258,6 @@ struct ScoreModifier {
   // True when the row's max is the sink's logit, which no P element carries
   // (row_sum_as_pv_saw_it's correction is then not the kernel's to make).
   FLASHLAB_HOST_DEVICE bool max_is_sink(float row_max) const { return kEnabled && row_max == sink_score; }
-
 };
 
 // The modifier of (batch, head) of a problem: params.modification's values,

@@ -19,6 +19,11 @@
 //     ("<kernel>(det)"); torch's FLASH and cuDNN backends through their own
 //     backward ops (at::_scaled_dot_product_{flash,cudnn}_attention_backward)
 //     on their own forward's outputs, same inputs and dout.
+//   --torch-layout=views|bhsd: SDPA's q, k, v (and dout) as transposed views of
+//     the kernels' (B, S, H, D) tensors (default: what a model that transposes
+//     its projections hands SDPA), or contiguous (B, H, S, D) copies made
+//     untimed (cuDNN's forward ran 4k-token cases 12-14% faster on those in
+//     session 33's Python loop, H200).
 // (flashlab-run's grammar: --name value or --name=value; bad values exit 2, see --help)
 //   --sweep: instead of the registered kernels and all SDPA backends, every
 //     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
@@ -36,7 +41,7 @@
 //     own flags: --batches=1,8,32 --cache-lens=1024,...,131072
 //     --heads=32/8,64/8 (query/kv heads) --head-dims (default 128) --dtype
 //     --cache=contiguous|paged|both --page-size=256 --num-splits=0 (heuristic)
-//     --flush-l2=on|off --torch-layout=bhsd|cache --samples=100. Reports the
+//     --flush-l2=on|off --torch-layout=bhsd|views --samples=100. Reports the
 //     achieved GB/s of K/V read and its fraction of a device-to-device copy's
 //     bandwidth measured in the same run (see "--decode" below).
 //   --decode --api: what a caller of the public C++ API gets: a loop of 200
@@ -137,7 +142,13 @@ struct BenchConfig {
   int page_size = 256;
   int num_splits = 0;        // 0: each kernel's heuristic
   bool flush_l2 = true;      // read a buffer larger than L2 before every timed call
-  bool torch_bhsd = true;    // SDPA gets contiguous (B, H, L, D) copies; false: views of the cache
+  // SDPA's inputs: contiguous (B, H, L, D) copies, or transposed views of the
+  // kernels' (B, L, H, D) tensors. Unset: each mode's default (--decode: copies;
+  // the forward and backward: views, what a model that transposes its
+  // projections hands SDPA, and every table before session 33 used).
+  std::optional<bool> torch_bhsd;
+  bool decode_torch_bhsd() const { return torch_bhsd.value_or(true); }
+  bool forward_torch_bhsd() const { return torch_bhsd.value_or(false); }
   bool plain_read = true;    // a plain_read row per case: K and V read and nothing else
   int samples = 100;         // timed calls per row (fixed: Google Benchmark's Iterations)
   bool api = false;          // time loops of the public API's calls (host time included)
@@ -312,13 +323,13 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                 config.plain_read = flashlab::parse_choice<bool>("--plain-read", v, {{"on", true}, {"off", false}});
                 decode_only.push_back("--plain-read");
               })
-      .option("--torch-layout", "bhsd|cache",
-              "--decode: SDPA's inputs: contiguous (B, H, L, D) copies made\nuntimed (default bhsd), or "
-              "transposed views of the kernels' (B, L, H, D) cache",
+      .option("--torch-layout", "bhsd|views",
+              "SDPA's inputs: contiguous (B, H, L, D) copies made untimed, or\ntransposed views of the kernels' "
+              "(B, L, H, D) tensors (--decode:\nof the cache; 'cache' is the same). Default: views, --decode: "
+              "bhsd",
               [&](const std::string& v) {
-                config.torch_bhsd =
-                    flashlab::parse_choice<bool>("--torch-layout", v, {{"bhsd", true}, {"cache", false}});
-                decode_only.push_back("--torch-layout");
+                config.torch_bhsd = flashlab::parse_choice<bool>("--torch-layout", v,
+                                                                 {{"bhsd", true}, {"views", false}, {"cache", false}});
               })
       .flag("--api",
             "--decode: time loops of 200 steps through the public C++ API\n(flashlab::attention_with_kvcache: "
@@ -468,7 +479,11 @@ struct CurrentInputs {
   std::string case_name;
   flashlab::ProblemInputs inputs;
   at::Tensor dout;  // the upstream gradient of the backward directions
+  // SDPA's (batch, heads, seqlen, head_dim) q, k, v and dout: transposed views
+  // of the above, or contiguous copies (--torch-layout=bhsd).
+  at::Tensor sdpa_q, sdpa_k, sdpa_v, sdpa_dout;
 } current;
+bool sdpa_bhsd_copies = false;  // BenchConfig::forward_torch_bhsd()
 
 // Returns the previous case's tensors to the driver (emptyCache) and waits:
 // for a while after a large free, whatever runs first reads DRAM slower (H100,
@@ -487,6 +502,13 @@ const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec&
     settle_after_free();
     current.inputs = flashlab::make_inputs(spec, flashlab::current_cuda_device());
     if (direction != Direction::forward) current.dout = flashlab::make_dout(spec, current.inputs);
+    const auto sdpa_layout = [](const at::Tensor& t) {
+      return sdpa_bhsd_copies ? t.transpose(1, 2).contiguous() : t.transpose(1, 2);
+    };
+    current.sdpa_q = sdpa_layout(current.inputs.q);
+    current.sdpa_k = sdpa_layout(current.inputs.k);
+    current.sdpa_v = sdpa_layout(current.inputs.v);
+    if (current.dout.defined()) current.sdpa_dout = sdpa_layout(current.dout);
     current.case_name = case_name;
   }
   return current;
@@ -539,8 +561,7 @@ void pin_sdpa_backend(const std::string& backend) {
 // forward runs once here for the backward's saved tensors.
 std::function<void()> make_torch_backward_call(const std::string& backend, Direction direction,
                                                const ProblemSpec& spec, const CurrentInputs& current) {
-  const flashlab::ProblemInputs& inputs = current.inputs;
-  const at::Tensor q = inputs.q.transpose(1, 2), k = inputs.k.transpose(1, 2), v = inputs.v.transpose(1, 2);
+  const at::Tensor q = current.sdpa_q, k = current.sdpa_k, v = current.sdpa_v;
   const bool causal = spec.causal;
   const std::optional<double> scale = spec.softmax_scale;
   if (backend == "flash") {
@@ -548,7 +569,7 @@ std::function<void()> make_torch_backward_call(const std::string& backend, Direc
     const auto saved = forward();
     const at::Tensor out = std::get<0>(saved);
     // dout laid out like out (the layout autograd hands the backward).
-    const at::Tensor dout = at::empty_like(out).copy_(current.dout.transpose(1, 2));
+    const at::Tensor dout = at::empty_like(out).copy_(current.sdpa_dout);
     const auto backward = [=](const decltype(saved)& s) {
       at::_scaled_dot_product_flash_attention_backward(
           dout, q, k, v, std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s),
@@ -564,7 +585,7 @@ std::function<void()> make_torch_backward_call(const std::string& backend, Direc
                                                    causal, false, scale);
   };
   const auto saved = forward();
-  const at::Tensor dout = at::empty_like(std::get<0>(saved)).copy_(current.dout.transpose(1, 2));
+  const at::Tensor dout = at::empty_like(std::get<0>(saved)).copy_(current.sdpa_dout);
   const auto backward = [=](const decltype(saved)& s) {
     at::_scaled_dot_product_cudnn_attention_backward(
         dout, q, k, v, std::get<0>(s), std::get<1>(s), std::get<6>(s), std::get<7>(s), at::Tensor(),
@@ -611,8 +632,8 @@ std::function<void()> make_call(const std::string& implementation, Direction dir
   }
   if (implementation.rfind("sdpa_", 0) == 0) {
     const std::string backend = implementation.substr(5);
-    // SDPA wants (batch, heads, seqlen, head_dim): the same memory, transposed views.
-    const at::Tensor q = inputs.q.transpose(1, 2), k = inputs.k.transpose(1, 2), v = inputs.v.transpose(1, 2);
+    // SDPA wants (batch, heads, seqlen, head_dim): views or copies (--torch-layout).
+    const at::Tensor q = current.sdpa_q, k = current.sdpa_k, v = current.sdpa_v;
     const bool gqa = spec.heads != spec.kv_heads;
     return [=] {
       pin_sdpa_backend(backend);
@@ -740,7 +761,10 @@ void print_summary(const BenchConfig& config) {
                   det_ratio);
     }
   }
-  std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row)\n");
+  std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row); torch's "
+              "inputs: %s\n",
+              sdpa_bhsd_copies ? "contiguous (B, H, S, D) copies (--torch-layout=bhsd)"
+                               : "transposed views of the (B, S, H, D) inputs (--torch-layout=views)");
   if (variants)
     std::printf("vs plain: the time of the row's kernel without its +modification (or in bf16, for +e4m3) over the "
                 "row's; e4m3 rows count the bf16 rows' FLOPs, and %% peak is of the bf16 matmul rate\n");
@@ -1106,7 +1130,7 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
     if (!skip_reason.empty()) throw std::runtime_error(skip_reason);
     DecodeInputs& in = decode_inputs_for(c);
     const bool torch = implementation.rfind("sdpa_", 0) == 0, read = implementation == kPlainRead;
-    const DecodeCall call = torch  ? make_torch_decode_call(implementation.substr(5), in, config.torch_bhsd)
+    const DecodeCall call = torch  ? make_torch_decode_call(implementation.substr(5), in, config.decode_torch_bhsd())
                             : read ? make_plain_read_call(in)
                                    : make_kernel_decode_call(implementation, c, in, config);
     if (!read) {  // plain_read computes nothing to check
@@ -1212,7 +1236,7 @@ void print_decode_summary(const BenchConfig& config) {
               "the kernel's split-KV count (--num-splits %d%s); L2 %s before each timed call; torch inputs %s\n",
               config.num_splits, config.num_splits == 0 ? ": its heuristic" : "",
               config.flush_l2 ? "flushed" : "not flushed",
-              config.torch_bhsd ? "contiguous (B, H, L, D) copies" : "transposed views of the (B, L, H, D) cache");
+              config.decode_torch_bhsd() ? "contiguous (B, H, L, D) copies" : "transposed views of the (B, L, H, D) cache");
   if (config.api)
     std::printf("--api: a row's time is one step of a loop of %d calls timed as a whole (median of %d loops): "
                 "kernels through flashlab::attention_with_kvcache, host time included\n",
@@ -1231,7 +1255,7 @@ int run_decode(const BenchConfig& config) {
   benchmark::AddCustomContext("copy_bytes", std::to_string(kCopyBytes));
   benchmark::AddCustomContext("copy_convention", "(read + write) / time");
   benchmark::AddCustomContext("l2_flush", config.flush_l2 ? "on" : "off");
-  benchmark::AddCustomContext("torch_layout", config.torch_bhsd ? "bhsd" : "cache");
+  benchmark::AddCustomContext("torch_layout", config.decode_torch_bhsd() ? "bhsd" : "cache");
   benchmark::AddCustomContext("page_size", std::to_string(config.page_size));
   benchmark::AddCustomContext("num_splits", std::to_string(config.num_splits));
   benchmark::AddCustomContext("timing", config.api ? "api loop of " + std::to_string(kApiSteps) : "device, gated");
@@ -1271,7 +1295,7 @@ int run_decode(const BenchConfig& config) {
               implementations.push_back(kernel + kPagedMarker + std::to_string(config.page_size) + ")");
           // K/V, SDPA's copies of them, and 2 GiB for q, out, split partials,
           // the float32 reference of one sequence and torch's workspaces.
-          const bool torch_copies = config.torch_bhsd && !config.backends.empty();
+          const bool torch_copies = config.decode_torch_bhsd() && !config.backends.empty();
           const double needed = c.kv_bytes() * (torch_copies ? 2 : 1) + double(size_t(2) << 30);
           std::string case_skip;
           if (needed > double(free_bytes)) {
@@ -1361,6 +1385,8 @@ int main(int argc, char** argv) {
   for (const Direction direction : config.directions)
     direction_names += (direction_names.empty() ? "" : ",") + std::string(flashlab::direction_name(direction));
   benchmark::AddCustomContext("directions", direction_names);
+  sdpa_bhsd_copies = config.forward_torch_bhsd();
+  benchmark::AddCustomContext("torch_layout", sdpa_bhsd_copies ? "bhsd" : "views");
 
   const auto selected = [&](const std::string& name) {
     return config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), name) != config.kernels.end();

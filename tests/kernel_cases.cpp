@@ -794,7 +794,8 @@ std::vector<KernelCase> modification_cases(int compute_capability, const Kernels
     saturated.softmax_scale = 4.0;
     capped(saturated, 38.0, "softcap38_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
     for (const double softcap : {50.0, 60.0, 61.0})
-      capped(saturated, softcap, "softcap" + std::to_string(int(softcap)) + "_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
+      capped(saturated, softcap,
+             "softcap" + std::to_string(int(softcap)) + "_bf16_d128" + seqlen_label(1023, 1023) + "_kv2_scale4");
     for (size_t index = 0; index < score_modifications().size(); ++index) {
       const ScoreModificationCase& modification = score_modifications()[index];
       const auto modified = [&](ProblemSpec spec) {

@@ -19,11 +19,12 @@
 //     ("<kernel>(det)"); torch's FLASH and cuDNN backends through their own
 //     backward ops (at::_scaled_dot_product_{flash,cudnn}_attention_backward)
 //     on their own forward's outputs, same inputs and dout.
-//   --torch-layout=views|bhsd: SDPA's q, k, v (and dout) as transposed views of
-//     the kernels' (B, S, H, D) tensors (default: what a model that transposes
-//     its projections hands SDPA), or contiguous (B, H, S, D) copies made
-//     untimed (cuDNN's forward ran 4k-token cases 12-14% faster on those in
-//     session 33's Python loop, H200).
+//   --torch-layout=views|bhsd: SDPA's q, k, v as transposed views of the
+//     kernels' (B, S, H, D) tensors (default: what a model that transposes its
+//     projections hands SDPA), or contiguous (B, H, S, D) copies made untimed
+//     (session 33: cuDNN's seqlen-4096 forward ran 12-14% faster from a Python
+//     loop on copies than here on views; not separated from the harnesses'
+//     difference). dout takes the layout of each backend's out.
 // (flashlab-run's grammar: --name value or --name=value; bad values exit 2, see --help)
 //   --sweep: instead of the registered kernels and all SDPA backends, every
 //     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
@@ -41,7 +42,7 @@
 //     own flags: --batches=1,8,32 --cache-lens=1024,...,131072
 //     --heads=32/8,64/8 (query/kv heads) --head-dims (default 128) --dtype
 //     --cache=contiguous|paged|both --page-size=256 --num-splits=0 (heuristic)
-//     --flush-l2=on|off --torch-layout=bhsd|views --samples=100. Reports the
+//     --flush-l2=on|off --torch-layout=bhsd|views (or cache) --samples=100. Reports the
 //     achieved GB/s of K/V read and its fraction of a device-to-device copy's
 //     bandwidth measured in the same run (see "--decode" below).
 //   --decode --api: what a caller of the public C++ API gets: a loop of 200
@@ -479,11 +480,11 @@ struct CurrentInputs {
   std::string case_name;
   flashlab::ProblemInputs inputs;
   at::Tensor dout;  // the upstream gradient of the backward directions
-  // SDPA's (batch, heads, seqlen, head_dim) q, k, v and dout: transposed views
-  // of the above, or contiguous copies (--torch-layout=bhsd).
-  at::Tensor sdpa_q, sdpa_k, sdpa_v, sdpa_dout;
+  // SDPA's (batch, heads, seqlen, head_dim) q, k, v: transposed views of the
+  // above, or contiguous copies (--torch-layout=bhsd, with SDPA rows to run).
+  at::Tensor sdpa_q, sdpa_k, sdpa_v;
 } current;
-bool sdpa_bhsd_copies = false;  // BenchConfig::forward_torch_bhsd()
+bool sdpa_bhsd_copies = false;  // BenchConfig::forward_torch_bhsd() and a backend to time
 
 // Returns the previous case's tensors to the driver (emptyCache) and waits:
 // for a while after a large free, whatever runs first reads DRAM slower (H100,
@@ -508,7 +509,6 @@ const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec&
     current.sdpa_q = sdpa_layout(current.inputs.q);
     current.sdpa_k = sdpa_layout(current.inputs.k);
     current.sdpa_v = sdpa_layout(current.inputs.v);
-    if (current.dout.defined()) current.sdpa_dout = sdpa_layout(current.dout);
     current.case_name = case_name;
   }
   return current;
@@ -569,7 +569,7 @@ std::function<void()> make_torch_backward_call(const std::string& backend, Direc
     const auto saved = forward();
     const at::Tensor out = std::get<0>(saved);
     // dout laid out like out (the layout autograd hands the backward).
-    const at::Tensor dout = at::empty_like(out).copy_(current.sdpa_dout);
+    const at::Tensor dout = at::empty_like(out).copy_(current.dout.transpose(1, 2));
     const auto backward = [=](const decltype(saved)& s) {
       at::_scaled_dot_product_flash_attention_backward(
           dout, q, k, v, std::get<0>(s), std::get<1>(s), std::get<2>(s), std::get<3>(s),
@@ -585,7 +585,7 @@ std::function<void()> make_torch_backward_call(const std::string& backend, Direc
                                                    causal, false, scale);
   };
   const auto saved = forward();
-  const at::Tensor dout = at::empty_like(std::get<0>(saved)).copy_(current.sdpa_dout);
+  const at::Tensor dout = at::empty_like(std::get<0>(saved)).copy_(current.dout.transpose(1, 2));
   const auto backward = [=](const decltype(saved)& s) {
     at::_scaled_dot_product_cudnn_attention_backward(
         dout, q, k, v, std::get<0>(s), std::get<1>(s), std::get<6>(s), std::get<7>(s), at::Tensor(),
@@ -763,7 +763,7 @@ void print_summary(const BenchConfig& config) {
   }
   std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row); torch's "
               "inputs: %s\n",
-              sdpa_bhsd_copies ? "contiguous (B, H, S, D) copies (--torch-layout=bhsd)"
+              config.forward_torch_bhsd() ? "contiguous (B, H, S, D) copies (--torch-layout=bhsd)"
                                : "transposed views of the (B, S, H, D) inputs (--torch-layout=views)");
   if (variants)
     std::printf("vs plain: the time of the row's kernel without its +modification (or in bf16, for +e4m3) over the "
@@ -1236,7 +1236,8 @@ void print_decode_summary(const BenchConfig& config) {
               "the kernel's split-KV count (--num-splits %d%s); L2 %s before each timed call; torch inputs %s\n",
               config.num_splits, config.num_splits == 0 ? ": its heuristic" : "",
               config.flush_l2 ? "flushed" : "not flushed",
-              config.decode_torch_bhsd() ? "contiguous (B, H, L, D) copies" : "transposed views of the (B, L, H, D) cache");
+              config.decode_torch_bhsd() ? "contiguous (B, H, L, D) copies"
+                                         : "transposed views of the (B, L, H, D) cache");
   if (config.api)
     std::printf("--api: a row's time is one step of a loop of %d calls timed as a whole (median of %d loops): "
                 "kernels through flashlab::attention_with_kvcache, host time included\n",
@@ -1255,7 +1256,7 @@ int run_decode(const BenchConfig& config) {
   benchmark::AddCustomContext("copy_bytes", std::to_string(kCopyBytes));
   benchmark::AddCustomContext("copy_convention", "(read + write) / time");
   benchmark::AddCustomContext("l2_flush", config.flush_l2 ? "on" : "off");
-  benchmark::AddCustomContext("torch_layout", config.decode_torch_bhsd() ? "bhsd" : "cache");
+  benchmark::AddCustomContext("torch_layout", config.decode_torch_bhsd() ? "bhsd" : "cache");  // older JSONs' name
   benchmark::AddCustomContext("page_size", std::to_string(config.page_size));
   benchmark::AddCustomContext("num_splits", std::to_string(config.num_splits));
   benchmark::AddCustomContext("timing", config.api ? "api loop of " + std::to_string(kApiSteps) : "device, gated");
@@ -1385,8 +1386,8 @@ int main(int argc, char** argv) {
   for (const Direction direction : config.directions)
     direction_names += (direction_names.empty() ? "" : ",") + std::string(flashlab::direction_name(direction));
   benchmark::AddCustomContext("directions", direction_names);
-  sdpa_bhsd_copies = config.forward_torch_bhsd();
-  benchmark::AddCustomContext("torch_layout", sdpa_bhsd_copies ? "bhsd" : "views");
+  sdpa_bhsd_copies = config.forward_torch_bhsd() && !config.backends.empty();
+  benchmark::AddCustomContext("torch_layout", config.forward_torch_bhsd() ? "bhsd" : "views");
 
   const auto selected = [&](const std::string& name) {
     return config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), name) != config.kernels.end();

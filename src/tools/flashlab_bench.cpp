@@ -486,6 +486,12 @@ struct CurrentInputs {
 } current;
 bool sdpa_bhsd_copies = false;  // BenchConfig::forward_torch_bhsd() and a backend to time
 
+// SDPA's (batch, heads, length, head_dim) form of a (batch, length, heads,
+// head_dim) tensor: a transposed view, or a contiguous copy (--torch-layout=bhsd).
+at::Tensor sdpa_layout(const at::Tensor& t, bool bhsd_copy) {
+  return bhsd_copy ? t.transpose(1, 2).contiguous() : t.transpose(1, 2);
+}
+
 // Returns the previous case's tensors to the driver (emptyCache) and waits:
 // for a while after a large free, whatever runs first reads DRAM slower (H100,
 // decode batch 32 x 1k right after the 8.6 GB of the batch 8 x 128k case: 59.3
@@ -503,12 +509,9 @@ const CurrentInputs& inputs_for(const std::string& case_name, const ProblemSpec&
     settle_after_free();
     current.inputs = flashlab::make_inputs(spec, flashlab::current_cuda_device());
     if (direction != Direction::forward) current.dout = flashlab::make_dout(spec, current.inputs);
-    const auto sdpa_layout = [](const at::Tensor& t) {
-      return sdpa_bhsd_copies ? t.transpose(1, 2).contiguous() : t.transpose(1, 2);
-    };
-    current.sdpa_q = sdpa_layout(current.inputs.q);
-    current.sdpa_k = sdpa_layout(current.inputs.k);
-    current.sdpa_v = sdpa_layout(current.inputs.v);
+    current.sdpa_q = sdpa_layout(current.inputs.q, sdpa_bhsd_copies);
+    current.sdpa_k = sdpa_layout(current.inputs.k, sdpa_bhsd_copies);
+    current.sdpa_v = sdpa_layout(current.inputs.v, sdpa_bhsd_copies);
     current.case_name = case_name;
   }
   return current;
@@ -764,7 +767,7 @@ void print_summary(const BenchConfig& config) {
   std::printf("ratios > 1 mean faster than that torch backend (time of the backend / time of the row); torch's "
               "inputs: %s\n",
               config.forward_torch_bhsd() ? "contiguous (B, H, S, D) copies (--torch-layout=bhsd)"
-                               : "transposed views of the (B, S, H, D) inputs (--torch-layout=views)");
+                                          : "transposed views of the (B, S, H, D) inputs (--torch-layout=views)");
   if (variants)
     std::printf("vs plain: the time of the row's kernel without its +modification (or in bf16, for +e4m3) over the "
                 "row's; e4m3 rows count the bf16 rows' FLOPs, and %% peak is of the bf16 matmul rate\n");
@@ -947,10 +950,8 @@ void make_paged_view(DecodeInputs& in, const DecodeCase& c, int page_size) {
 void make_torch_inputs(DecodeInputs& in, bool bhsd) {
   if (in.torch_q.defined()) return;
   // (batch, heads, 1, head_dim) and (batch, kv_heads, cache_len, head_dim).
-  at::Tensor q = in.q.transpose(1, 2), k = in.k_cache.transpose(1, 2), v = in.v_cache.transpose(1, 2);
-  if (bhsd) q = q.contiguous(), k = k.contiguous(), v = v.contiguous();
-  in.torch_k = k, in.torch_v = v;
-  in.torch_q = q;  // last: the mark that they are made
+  in.torch_k = sdpa_layout(in.k_cache, bhsd), in.torch_v = sdpa_layout(in.v_cache, bhsd);
+  in.torch_q = sdpa_layout(in.q, bhsd);  // last: the mark that they are made
 }
 
 // Untimed calls before a row's samples: at least 3, and for at least

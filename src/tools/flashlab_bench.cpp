@@ -22,9 +22,20 @@
 //   --torch-layout=views|bhsd: SDPA's q, k, v as transposed views of the
 //     kernels' (B, S, H, D) tensors (default: what a model that transposes its
 //     projections hands SDPA), or contiguous (B, H, S, D) copies made untimed
-//     (session 33: cuDNN's seqlen-4096 forward ran 12-14% faster from a Python
-//     loop on copies than here on views; not separated from the harnesses'
-//     difference). dout takes the layout of each backend's out.
+//     (H200, session 34, d128: on copies cuDNN's forward rows ran 0.3-1.7%
+//     faster, its backward rows 0.5% faster to 5.7% slower, ours moved up to
+//     2.5% between the two runs: session 33's 12-14% gap to a Python loop was
+//     not the layout). dout takes the layout of each backend's out.
+//   Timing: every timed call waits behind a LaunchGate (as --decode's), so a
+//     row is one call's device time, the host's dispatch left out (until
+//     session 34 the start event fired before the host had launched the call).
+//     The rows draw the GPU's power limit: on the H200 (700 W) the SM clock
+//     read 1650-1860 MHz of 1980 at 650-708 W in d128 rows (session 34), so short
+//     bursts with idle time between them (a Python loop's first calls) can
+//     run faster than these sustained rows; compare rows of one run.
+//   --api: a row is one call of a loop of 10 back-to-back calls timed as a
+//     whole, host time included (a call's host work then overlaps the
+//     previous call's kernel, as in a Python loop).
 // (flashlab-run's grammar: --name value or --name=value; bad values exit 2, see --help)
 //   --sweep: instead of the registered kernels and all SDPA backends, every
 //     tuning_kernels() tile configuration that takes the case (fa2_mma_sm80
@@ -103,6 +114,8 @@ const std::string kDeterministicSuffix = "(det)";
 const std::vector<std::string> kDecodeBackends = {"flash", "cudnn"};
 // --decode --api: loops of kApiSteps calls, kApiLoops of them a row by default.
 constexpr int kApiSteps = 200, kApiLoops = 15;
+// --api for the forward and backward: loops of kForwardApiSteps calls.
+constexpr int kForwardApiSteps = 10;
 
 // The cap a --modifications entry asks for: 30 for softcap and all, X for
 // softcap=X (positive as a float; anything else there is an ArgumentError);
@@ -333,12 +346,11 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
                                                                  {{"bhsd", true}, {"views", false}, {"cache", false}});
               })
       .flag("--api",
-            "--decode: time loops of 200 steps through the public C++ API\n(flashlab::attention_with_kvcache: "
-            "checks, allocation, launch) and\nof SDPA calls, host time included; --samples loops a row (default 15)",
-            [&] {
-              config.api = true;
-              decode_only.push_back("--api");
-            })
+            "time loops of back-to-back calls, host time included: 10 forward\nor backward calls (default: one "
+            "call a sample, behind a launch\ngate: device time); --decode: 200 steps through the public C++\n"
+            "API (flashlab::attention_with_kvcache: checks, allocation,\nlaunch) and of SDPA calls; --samples "
+            "loops a row (default 15)",
+            [&] { config.api = true; })
       .option("--samples", "N", "--decode: timed calls per row, after at least 3 warm-ups\nand 50 ms of them (default 100)",
               [&](const std::string& v) {
                 config.samples = parse_int("--samples", v, 1, kIntMax);
@@ -474,6 +486,7 @@ struct Measurement {
 };
 std::vector<Measurement> measurements;
 double matmul_peak_tflops = 0;
+bool api_loops = false;  // --api: rows time loops of kForwardApiSteps calls, not gated single calls
 
 // Inputs of the case being timed; all implementations of a case share them.
 struct CurrentInputs {
@@ -673,14 +686,29 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
     const auto& inputs = inputs_for(case_name, spec, direction);
     const auto call = make_call(implementation, direction, spec, inputs);
     EventTimer timer;
+    LaunchGate gate;
     for (int warmup = 0; warmup < 3; ++warmup) call();
     FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> times;
+    int expired = 0;
     for (auto _ : state) {
-      const float ms = timer.time_ms(call);
-      times.push_back(ms);
-      state.SetIterationTime(ms * 1e-3);
+      float window_ms = 0;  // what the events saw: one call, or a loop of them
+      if (api_loops) {
+        window_ms = timer.time_ms([&] {
+          for (int step = 0; step < kForwardApiSteps; ++step) call();
+        });
+      } else {
+        window_ms = timer.time_ms(call, &gate);  // device time: the host's dispatch stays out of the window
+        expired += gate.expired();
+      }
+      times.push_back(api_loops ? window_ms / kForwardApiSteps : window_ms);
+      state.SetIterationTime(window_ms * 1e-3);  // Google Benchmark's min_time counts the whole window
     }
+    if (expired > 0)
+      std::fprintf(stderr, "  warning: %s %s: %d of %zu timed calls waited on the device behind the launch gate: "
+                   "those times include host time\n",
+                   case_name.c_str(), implementation.c_str(), expired, times.size());
+    state.counters["gate_expired"] = expired;
     measurement.median_ms = median(times);
     measurement.tflops = flashlab::attention_flops(spec, direction) / (measurement.median_ms * 1e-3) / 1e12;
     state.counters["median_ms"] = measurement.median_ms;
@@ -768,6 +796,12 @@ void print_summary(const BenchConfig& config) {
               "inputs: %s\n",
               config.forward_torch_bhsd() ? "contiguous (B, H, S, D) copies (--torch-layout=bhsd)"
                                           : "transposed views of the (B, S, H, D) inputs (--torch-layout=views)");
+  if (config.api)
+    std::printf("--api: a row's time is one call of a loop of %d back-to-back calls timed as a whole, host time "
+                "included\n",
+                kForwardApiSteps);
+  else
+    std::printf("times: one call behind a launch gate (device time, the host's dispatch left out)\n");
   if (variants)
     std::printf("vs plain: the time of the row's kernel without its +modification (or in bf16, for +e4m3) over the "
                 "row's; e4m3 rows count the bf16 rows' FLOPs, and %% peak is of the bf16 matmul rate\n");
@@ -1389,6 +1423,8 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("directions", direction_names);
   sdpa_bhsd_copies = config.forward_torch_bhsd() && !config.backends.empty();
   benchmark::AddCustomContext("torch_layout", config.forward_torch_bhsd() ? "bhsd" : "views");
+  api_loops = config.api;
+  benchmark::AddCustomContext("timing", api_loops ? "api loop of " + std::to_string(kForwardApiSteps) : "device, gated");
 
   const auto selected = [&](const std::string& name) {
     return config.kernels.empty() || std::find(config.kernels.begin(), config.kernels.end(), name) != config.kernels.end();

@@ -24,13 +24,13 @@
 //     projections hands SDPA), or contiguous (B, H, S, D) copies made untimed
 //     (H200, session 34, d128: on copies cuDNN's forward rows ran 0.3-1.7%
 //     faster, its backward rows 0.5% faster to 5.7% slower, ours moved up to
-//     2.5% between the two runs: session 33's 12-14% gap to a Python loop was
+//     2.5% between the two runs: session 33's 12-13% gap to a Python loop was
 //     not the layout). dout takes the layout of each backend's out.
 //   Timing: every timed call waits behind a LaunchGate (as --decode's), so a
 //     row is one call's device time, the host's dispatch left out (until
 //     session 34 the start event fired before the host had launched the call).
-//     The rows draw the GPU's power limit: on the H200 (700 W) the SM clock
-//     read 1650-1860 MHz of 1980 at 650-708 W in d128 rows (session 34), so short
+//     The rows keep the GPU busy: on the H200 (700 W) the SM clock read
+//     1635-1860 MHz of 1980 in d128 rows (session 34; likely the power limit), so short
 //     bursts with idle time between them (a Python loop's first calls) can
 //     run faster than these sustained rows; compare rows of one run.
 //   --api: a row is one call of a loop of 10 back-to-back calls timed as a
@@ -348,8 +348,8 @@ std::optional<BenchConfig> parse_own_flags(int argc, char** argv, std::vector<st
       .flag("--api",
             "time loops of back-to-back calls, host time included: 10 forward\nor backward calls (default: one "
             "call a sample, behind a launch\ngate: device time); --decode: 200 steps through the public C++\n"
-            "API (flashlab::attention_with_kvcache: checks, allocation,\nlaunch) and of SDPA calls; --samples "
-            "loops a row (default 15)",
+            "API (flashlab::attention_with_kvcache: checks, allocation,\nlaunch) and of SDPA calls (--decode --api: "
+            "--samples loops a\nrow, default 15)",
             [&] { config.api = true; })
       .option("--samples", "N", "--decode: timed calls per row, after at least 3 warm-ups\nand 50 ms of them (default 100)",
               [&](const std::string& v) {
@@ -798,7 +798,7 @@ void print_summary(const BenchConfig& config) {
                                           : "transposed views of the (B, S, H, D) inputs (--torch-layout=views)");
   if (config.api)
     std::printf("--api: a row's time is one call of a loop of %d back-to-back calls timed as a whole, host time "
-                "included\n",
+                "included (Google Benchmark's own Time column is the whole loop)\n",
                 kForwardApiSteps);
   else
     std::printf("times: one call behind a launch gate (device time, the host's dispatch left out)\n");

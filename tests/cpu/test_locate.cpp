@@ -268,6 +268,38 @@ TEST(Locate, Fa3CtaIsTheOneTheWorkTileOrderGivesTheTile) {
     }
 }
 
+// The backward's CTA order (KeyBlockOrder): every CTA takes one (key block,
+// pair) and the inverse names it back; one pair a section is the grid's own
+// order; under a causal mask the sections hold about two grids' worth of
+// CTAs, as equal as they divide, a section's key blocks first to last, and
+// the L2 caps a section's pairs.
+TEST(Locate, Fa3BackwardKeyBlockOrderIsABijection) {
+  namespace fa3 = fa3_wgmma_sm90;
+  for (const int key_blocks : {1, 3, 32, 33})
+    for (const int pairs : {1, 2, 7, 64})
+      for (int sections = 1; sections <= pairs; ++sections) {
+        const fa3::KeyBlockOrder order{key_blocks, pairs, sections};
+        std::set<std::pair<int, int>> seen;
+        for (int index = 0; index < key_blocks * pairs; ++index) {
+          const fa3::KeyBlockCta cta = fa3::key_block_cta_at(index, order);
+          ASSERT_TRUE(cta.key_block >= 0 && cta.key_block < key_blocks && cta.pair >= 0 && cta.pair < pairs);
+          ASSERT_TRUE(seen.emplace(cta.key_block, cta.pair).second) << index;
+          ASSERT_EQ(fa3::key_block_cta_index(cta.key_block, cta.pair, order), index);
+          if (sections == pairs) ASSERT_EQ(index, cta.pair * key_blocks + cta.key_block);  // the grid's own
+        }
+      }
+  // 4k causal at head_dim 128 (32 key blocks of 128, 4 x 16 pairs, 4 MB of Q, dO and dQ sums a pair):
+  // 2 x 132 CTAs a section -> 9 pairs -> 7 sections of 9-10 pairs; in section 0, CTA 10 is key block 1.
+  const fa3::KeyBlockOrder causal = fa3::key_block_order(32, 64, true, int64_t{4} << 20, 132, 50 << 20);
+  EXPECT_EQ(causal.sections, 7);
+  EXPECT_EQ(fa3::key_block_cta_at(10, causal).key_block, 1);
+  EXPECT_EQ(fa3::key_block_cta_at(10, causal).pair, 0);
+  // Not shortening walks (no mask, or the deterministic mode's waits): the grid's own order.
+  EXPECT_EQ(fa3::key_block_order(32, 64, false, int64_t{4} << 20, 132, 50 << 20).sections, 64);
+  // 32 MB a pair: the L2 holds one pair a section.
+  EXPECT_EQ(fa3::key_block_order(32, 64, true, int64_t{32} << 20, 132, 50 << 20).sections, 64);
+}
+
 // e4m3 (FP8): the FP8 tiling's rows and key tiles (128 x 128, also at head_dim
 // 256, where the 16-bit tiles are 128 x 80), its schedule (1-byte elements), no
 // traced stop, and notes in its units; at head_dim 64 the same tiling, at 96 none.
@@ -370,6 +402,17 @@ ProblemSpec fa3_backward_spec(int batch, int heads, int kv_heads, int seqlen_q, 
   return spec;
 }
 
+// The (key index, pair) the kernel gives the CTA at a location's blockIdx
+// (backward_cta: KeyBlockOrder over the linear index; sections in the default
+// mode under a causal mask; these problems' Q and dO are far below the L2).
+fa3_wgmma_sm90::KeyBlockCta kernel_cta(const BackwardElementLocation& at, bool causal, bool deterministic) {
+  const fa3_wgmma_sm90::KeyBlockOrder order =
+      fa3_wgmma_sm90::key_block_order(at.grid[0], at.grid[1] * at.grid[2], causal && !deterministic, 0,
+                                      fa3_wgmma_sm90::kLocateMultiprocessors, fa3_wgmma_sm90::kLocateL2Bytes);
+  const int index = at.key_block_cta[0] + at.grid[0] * (at.key_block_cta[1] + at.grid[1] * at.key_block_cta[2]);
+  return fa3_wgmma_sm90::key_block_cta_at(index, order);
+}
+
 template <int HeadDim>
 void check_backward_layout(bool causal, bool deterministic) {
   using Tr = typename fa3_wgmma_sm90::DefaultBwdTraits<HeadDim>::type;
@@ -381,8 +424,7 @@ void check_backward_layout(bool causal, bool deterministic) {
     for (int col = 0; col < HeadDim; ++col) {
       const BackwardElementLocation at = locate_backward_element(kernel, spec, deterministic, 1, 3, row, col);
       ASSERT_TRUE(at.keys_unavailable.empty()) << at.keys_unavailable;
-      EXPECT_EQ(at.key_block_cta[1], 1);
-      EXPECT_EQ(at.key_block_cta[2], 1);
+      EXPECT_EQ(kernel_cta(at, causal, deterministic).pair, 1 * 2 + 1);  // batch 1, kv head 1 (head 3)
       ASSERT_EQ(at.dk.index.size(), 1u);
       EXPECT_TRUE(key_slots.insert({at.dk.thread[0], at.dk.index[0]}).second) << row << "," << col;
       // Back through the kernel's acc_dk[n * 4 + h * 2 + e] pattern.
@@ -434,7 +476,11 @@ void check_backward_layout(bool causal, bool deterministic) {
   // Deterministic under a causal mask the grid runs from the last key block down.
   const BackwardElementLocation key = locate_backward_element(kernel, spec, deterministic, 0, 2, 5, 1);
   const int key_blocks = (spec.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  EXPECT_EQ(key.key_block_cta[0], deterministic && causal ? key_blocks - 1 : 0);  // block 0 runs last
+  EXPECT_EQ(kernel_cta(key, causal, deterministic).key_block, deterministic && causal ? key_blocks - 1 : 0);
+  EXPECT_EQ(kernel_cta(key, causal, deterministic).pair, 1);  // batch 0, kv head 1 (head 2)
+  // The grid's own order but in the default mode under the mask: blockIdx = (key block, kv head, batch).
+  if (!(causal && !deterministic)) EXPECT_EQ(key.key_block_cta[0], deterministic && causal ? key_blocks - 1 : 0);
+  if (causal && !deterministic) EXPECT_EQ(key.key_block_cta[0], 1);  // one section, key block 0 of pair 1: CTA 1
 }
 
 TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {

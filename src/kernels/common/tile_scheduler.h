@@ -2,7 +2,8 @@
 // forward today): the host's schedule (query blocks, work tiles, the heads of a
 // scheduling section sized to the L2, the grid, static or dynamic hand-out) and
 // the work-tile order (sections of (batch, head) pairs, query blocks longest
-// first), host and device. fa3_wgmma_sm90_locate.cpp inverts the order.
+// first), host and device. fa3_wgmma_sm90_locate.cpp inverts the order. Then
+// the backward's CTA order (KeyBlockOrder), cut into sections the same way.
 #pragma once
 
 #include <algorithm>
@@ -93,6 +94,67 @@ FLASHLAB_HOST_DEVICE inline WorkTile work_tile_at(int index, int num_q_blocks, i
   tile.head = pair % heads;
   tile.batch = pair / heads;
   return tile;
+}
+
+// The backward's CTA order (fa3_wgmma_sm90's backward: not persistent, one CTA
+// a key block of a (batch, kv head) pair, pair = batch * kv_heads + kv_head).
+// CTAs start in the order of their linear index, x fastest. The grid's own
+// order runs a pair's key blocks one after another. Under a right-bounded
+// mask (causal) a key block's walk over the query blocks shortens as the key
+// block grows, so the grid ends with the last pairs' long walks started late:
+// a host model of a 132-SM grid, one CTA an SM, 1k-8k causal at head_dim
+// 64-256, puts the end 3-8% above the balanced time. There the pairs are cut
+// into sections of about two grids' worth of CTAs, as equal as they divide,
+// and a section's key blocks run first to last, all of its pairs at each step
+// (the model: 0-2% above). At any moment the CTAs running then share a
+// section's Q, dO and dQ sums, capped at three quarters of the L2. With one
+// pair a section the order is the grid's own. Host and device;
+// fa3_wgmma_sm90_bwd_locate.cpp inverts it.
+struct KeyBlockOrder {
+  int key_blocks = 0;  // gridDim.x
+  int pairs = 0;       // gridDim.y * gridDim.z
+  int sections = 0;    // 1..pairs; pairs: the grid's own order
+};
+inline KeyBlockOrder key_block_order(int key_blocks, int pairs, bool walks_shorten, int64_t pair_bytes,
+                                     int multiprocessors, int l2_bytes) {
+  KeyBlockOrder order{key_blocks, pairs, pairs};
+  if (!walks_shorten || key_blocks <= 0 || pairs <= 1) return order;
+  int64_t section_pairs = (2 * static_cast<int64_t>(multiprocessors) + key_blocks - 1) / key_blocks;
+  section_pairs = std::min<int64_t>(section_pairs, std::max<int64_t>(1, int64_t{l2_bytes} * 3 / 4 /
+                                                                            std::max<int64_t>(1, pair_bytes)));
+  const int64_t sections = (pairs + section_pairs / 2) / section_pairs;  // the nearest count
+  order.sections = static_cast<int>(std::clamp<int64_t>(sections, 1, pairs));
+  return order;
+}
+// Sections of pairs / sections pairs, the first pairs % sections of them one more.
+struct KeyBlockCta {
+  int key_block, pair;
+};
+FLASHLAB_HOST_DEVICE inline KeyBlockCta key_block_cta_at(int index, const KeyBlockOrder& order) {
+  const int small = order.pairs / order.sections, big_sections = order.pairs % order.sections;
+  const int big_ctas = (small + 1) * order.key_blocks;  // CTAs of a section of small + 1 pairs
+  int section_pairs = small + 1, first_pair = 0, within = index;
+  if (index < big_sections * big_ctas) {
+    first_pair = index / big_ctas * section_pairs;
+    within = index % big_ctas;
+  } else {
+    const int rest = index - big_sections * big_ctas, small_ctas = small * order.key_blocks;
+    section_pairs = small;
+    first_pair = big_sections * (small + 1) + rest / small_ctas * small;
+    within = rest % small_ctas;
+  }
+  return {within / section_pairs, first_pair + within % section_pairs};
+}
+FLASHLAB_HOST_DEVICE inline int key_block_cta_index(int key_block, int pair, const KeyBlockOrder& order) {
+  const int small = order.pairs / order.sections, big_sections = order.pairs % order.sections;
+  const int big_pairs = big_sections * (small + 1);
+  if (pair < big_pairs) {
+    const int section = pair / (small + 1);
+    return section * (small + 1) * order.key_blocks + key_block * (small + 1) + pair - section * (small + 1);
+  }
+  const int section = (pair - big_pairs) / small;
+  const int first_pair = big_pairs + section * small;
+  return big_pairs * order.key_blocks + section * small * order.key_blocks + key_block * small + pair - first_pair;
 }
 
 }  // namespace flashlab

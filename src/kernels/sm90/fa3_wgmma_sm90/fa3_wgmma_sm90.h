@@ -302,6 +302,11 @@ using ::flashlab::schedule;
 using ::flashlab::unequal_work_tiles;
 using ::flashlab::work_tile_at;
 using ::flashlab::WorkTile;
+using ::flashlab::key_block_order;
+using ::flashlab::key_block_cta_at;
+using ::flashlab::key_block_cta_index;
+using ::flashlab::KeyBlockCta;
+using ::flashlab::KeyBlockOrder;
 
 // Launches configuration Tr for params.dtype (fp16 or bf16), the traced
 // instantiation when params.trace is on. Defined in fa3_wgmma_sm90_kernel.cuh
@@ -388,6 +393,19 @@ FLASHLAB_HOST_DEVICE constexpr int rotated_dq_rank(int m_block, int n_block, int
   // all of 0 .. nearest, and the wrapped ones from m_count - (steps_after - m_block - 1) up
   const int wrapped = n_key_blocks - m_count + steps_after - m_block - 1;
   return nearest + 1 + (wrapped > 0 ? wrapped : 0);
+}
+// Which backward CTA takes which key block (KeyBlockOrder, common/tile_scheduler.h):
+// sections in the default mode under a right-bounded mask, else the grid's own
+// order (the deterministic mode's waits count on it: dq_rank). A pair's bytes
+// in those sections: Q and dO of the kv head's query heads, and their float32
+// dQ sums.
+inline KeyBlockOrder backward_key_block_order(const AttentionBackwardParams& params, int block_n,
+                                              int multiprocessors, int l2_bytes) {
+  const int key_blocks = (params.seqlen_k + block_n - 1) / block_n;
+  const int64_t pair_bytes = static_cast<int64_t>(params.heads / params.kv_heads) * params.seqlen_q *
+                             params.head_dim * (2 * 2 + 4);
+  return key_block_order(key_blocks, params.kv_heads * params.batch,
+                         !params.deterministic && params.window_right >= 0, pair_bytes, multiprocessors, l2_bytes);
 }
 TileShape backward_tile_shape(const AttentionBackwardParams& params);
 template <int HeadDim>

@@ -109,18 +109,34 @@ struct BwdKernelArguments {
   int* dq_semaphore = nullptr;
   int query_blocks = 0;  // ceil(max seqlen_q / kBlockM)
   bool rotates_walks = false;  // rotates_backward_walks (deterministic mode)
+  KeyBlockOrder order;         // which CTA takes which key block (backward_key_block_order)
 };
 
+// This CTA's place: the grid's key-block index (KeyBlockOrder over the CTA's
+// linear index), its kv head and batch entry. The deterministic mode keeps
+// the grid's own order (its waits count on it), without the arithmetic (its
+// kernels spill: 44 bytes at head_dim 128, 56 with it).
+struct BackwardCta {
+  int key_index, kv_head, batch;
+};
+template <bool kDeterministic>
+__device__ __forceinline__ BackwardCta backward_cta(const BwdKernelArguments& args) {
+  if constexpr (kDeterministic)
+    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  const int index = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+  const KeyBlockCta cta = key_block_cta_at(index, args.order);
+  return {cta.key_block, cta.pair % static_cast<int>(gridDim.y), cta.pair / static_cast<int>(gridDim.y)};
+}
 // The key block of this CTA (-1: none, a varlen sequence shorter than the
-// grid): blockIdx.x, or counted from the last block down where deterministic
-// ranks descend (dq_rank).
+// grid): its key index, or counted from the last block down where
+// deterministic ranks descend (dq_rank).
 __device__ __forceinline__ bool ranks_descend(const AttentionBackwardParams& p) {
   return p.window_right >= 0;
 }
 template <bool kDeterministic>
-__device__ __forceinline__ int cta_key_block(const AttentionBackwardParams& p, int n_key_blocks) {
-  if (static_cast<int>(blockIdx.x) >= n_key_blocks) return -1;
-  return kDeterministic && ranks_descend(p) ? n_key_blocks - 1 - blockIdx.x : blockIdx.x;
+__device__ __forceinline__ int cta_key_block(const AttentionBackwardParams& p, int n_key_blocks, int key_index) {
+  if (key_index >= n_key_blocks) return -1;
+  return kDeterministic && ranks_descend(p) ? n_key_blocks - 1 - key_index : key_index;
 }
 
 // The walk of a key block's CTA (QueryWalk, fa3_wgmma_sm90.h): the producer,
@@ -207,11 +223,13 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   sm90::tma_prefetch_descriptor(&args.k_map);
   sm90::tma_prefetch_descriptor(&args.v_map);
   sm90::tma_prefetch_descriptor(&args.do_map);
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const BackwardCta cta = backward_cta<kDeterministic>(args);
+  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
   const int batch_coordinate = p.is_varlen() ? 0 : batch;
-  const int n_block = cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
+  const int n_block =
+      cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
   if (n_block < 0) return;
   const int n0 = n_block * Tr::kBlockN;
   const QueryWalk walk = query_walk<Tr>(args, view, n_block);
@@ -268,10 +286,11 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
                                                    int consumer) {
   const AttentionBackwardParams& p = args.params;
   const int lane = threadIdx.x % 32;
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const BackwardCta cta = backward_cta<true>(args);
+  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
-  const int n_block = cta_key_block<true>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN);
+  const int n_block = cta_key_block<true>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
   if (n_block < 0) return;
   const QueryWalk walk = query_walk<Tr>(args, view, n_block);
   float* const dq_accum = p.dq_accum + view.dq_accum_offset;
@@ -535,13 +554,14 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   const int key_row0 = (kSplit ? 0 : consumer * 64) + warp * 16 + quad_row;  // this thread's first key in the block
   const int grad_column0 = kSplit ? consumer * kGradColumns : 0;             // its first dK / dV column
 
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const BackwardCta cta = backward_cta<kDeterministic>(args);
+  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
   const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
   const float scale_log2 = p.softmax_scale * kLog2e;
   const int n_key_blocks = (view.seqlen_k + kBN - 1) / kBN;
-  const int n_block = cta_key_block<kDeterministic>(p, n_key_blocks);
+  const int n_block = cta_key_block<kDeterministic>(p, n_key_blocks, key_index);
   if (n_block < 0) return;
   const int n0 = n_block * kBN;
   const QueryWalk walk = query_walk<Tr>(args, view, n_block);
@@ -825,6 +845,8 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + workspace.semaphore_offset) : nullptr;
     args.query_blocks = workspace.query_blocks;
     args.rotates_walks = rotates_backward_walks(p, Tr::kBlockN, fa2_mma_sm80::multiprocessor_count());
+    const DeviceLimits device = device_limits();
+    args.order = backward_key_block_order(p, Tr::kBlockN, device.multiprocessors, device.l2_bytes);
     args.lse_log2 = stats.lse_log2;
     args.dsum = stats.dsum;
     args.stats_rows = stats.stats_rows;

@@ -3,9 +3,12 @@
 // default backward tiling of the head dim (KernelVariant::backward_locate).
 // Host only, layout arithmetic:
 //
-//   grid (key blocks of the longest sequence, kv heads, batch); key block n is
-//   blockIdx.x = n, or, deterministic under a right-bounded mask (causal,
-//   windows), the sequence's key blocks - 1 - n. Consumer warpgroup
+//   grid (key blocks of the longest sequence, kv heads, batch); the CTA of
+//   key index i of (batch, kv head) is KeyBlockOrder's (backward_key_block_order:
+//   sections under a right-bounded mask in the default mode, which assume an
+//   H100's SMs and L2 as the forward's locate does; else blockIdx = (i, kv
+//   head, batch)); key block n is key index n, or, deterministic under a
+//   right-bounded mask (causal, windows), the sequence's key blocks - 1 - n. Consumer warpgroup
 //   1 + (key % 128) / 64 owns the key (head dim split: 1 + column /
 //   kKeyGradColumns, 64 keys a block), warp (key % 64) / 16 its 16-row slab:
 //   acc_dk / acc_dv[n * 4 + h * 2 + e] hold column 8 n + 2 t + e (of the
@@ -58,7 +61,8 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   location.block_q = Tr::kBlockM;
   location.block_k = Tr::kBlockN;
   const int key_blocks = (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  const auto cta_of = [&](int n_block) { return descending ? key_blocks - 1 - n_block : n_block; };
+  const KeyBlockOrder order = backward_key_block_order(params, Tr::kBlockN, kLocateMultiprocessors, kLocateL2Bytes);
+  const auto key_index_of = [&](int n_block) { return descending ? key_blocks - 1 - n_block : n_block; };
   const int query_blocks = (view.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const bool rotated = rotates_backward_walks(params, Tr::kBlockN, fa2_mma_sm80::multiprocessor_count()) &&
                        key_blocks <= query_blocks;
@@ -69,9 +73,10 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
                                 std::to_string(batch) + "'s " + std::to_string(view.seqlen_k) + " keys";
   } else {
     location.key_block = row / Tr::kBlockN;
-    location.key_block_cta[0] = cta_of(location.key_block);
-    location.key_block_cta[1] = kv_head;
-    location.key_block_cta[2] = batch;
+    const int cta = key_block_cta_index(key_index_of(location.key_block), batch * params.kv_heads + kv_head, order);
+    location.key_block_cta[0] = cta % location.grid[0];
+    location.key_block_cta[1] = cta / location.grid[0] % params.kv_heads;
+    location.key_block_cta[2] = cta / location.grid[0] / params.kv_heads;
     const int in_block = row % Tr::kBlockN;
     const int consumer = Tr::kSplitsHeadDim ? col / Tr::kKeyGradColumns : in_block / 64;
     const int warp = in_block % 64 / 16;
@@ -112,12 +117,14 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     CudaGdbStop keys_stop;
     keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
     keys_stop.line_offset = 2;  // past the #pragma: the column loop
-    // store_key_gradients' local `key`; the kv head and the batch entry are the
-    // CTA's y and z (its kv_head argument reads <optimized out> in cuda-gdb, and
-    // p's members through the reference cannot be named: the scale is printed
-    // as a number).
-    keys_stop.condition = "key == " + std::to_string(row) + " && blockIdx.y == " + std::to_string(kv_head) +
-                          " && blockIdx.z == " + std::to_string(batch) +
+    // store_key_gradients' local `key`; the kv head and the batch entry through
+    // the CTA's blockIdx (its kv_head argument reads <optimized out> in
+    // cuda-gdb, and p's members through the reference cannot be named: the
+    // scale is printed as a number).
+    keys_stop.condition = "key == " + std::to_string(row) +
+                          " && blockIdx.x == " + std::to_string(location.key_block_cta[0]) +
+                          " && blockIdx.y == " + std::to_string(location.key_block_cta[1]) +
+                          " && blockIdx.z == " + std::to_string(location.key_block_cta[2]) +
                           " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
     keys_stop.prints = {location.dk.name + " * " + scale_text, location.dv.name};
     keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";

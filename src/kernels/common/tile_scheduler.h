@@ -103,7 +103,8 @@ FLASHLAB_HOST_DEVICE inline WorkTile work_tile_at(int index, int num_q_blocks, i
 // mask (causal) a key block's walk over the query blocks shortens as the key
 // block grows, so the grid ends with the last pairs' long walks started late:
 // a host model of a 132-SM grid, one CTA an SM, 1k-8k causal at head_dim
-// 64-256, puts the end 3-8% above the balanced time. There the pairs are cut
+// 64-256 (scripts/backward_order_model.py), puts the end 3-8% above the
+// balanced time. There the pairs are cut
 // into sections of about two grids' worth of CTAs, as equal as they divide,
 // and a section's key blocks run first to last, all of its pairs at each step
 // (the model: 0-2% above). At any moment the CTAs running then share a

@@ -672,6 +672,70 @@ std::function<void()> make_call(const std::string& implementation, Direction dir
   return [=] { flashlab::run_kernel(*kernel, params); };
 }
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+std::string error_text(const std::exception& error) {
+  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))
+    return first_line(torch_error->what_without_backtrace());
+  return first_line(error.what());
+}
+
+// A row's timed calls, one a Google Benchmark iteration: one call behind a
+// LaunchGate (device time, the host's dispatch left out), or with loop_steps
+// > 0 a loop of that many back-to-back calls timed as a whole, host time
+// included (the row's time is a call's share). min_time counts the whole
+// window. before_each runs before the start event, untimed. Returns the
+// median.
+double time_row(benchmark::State& state, const std::string& row, const std::function<void()>& call,
+                int loop_steps, const std::function<void()>& before_each = {}) {
+  EventTimer timer;
+  LaunchGate gate;
+  std::vector<float> times;
+  int expired = 0;
+  for (auto _ : state) {
+    float window_ms = 0;
+    if (loop_steps > 0) {
+      window_ms = timer.time_ms([&] {
+        for (int step = 0; step < loop_steps; ++step) call();
+      });
+    } else {
+      if (before_each) before_each();
+      window_ms = timer.time_ms(call, &gate);
+      expired += gate.expired();
+    }
+    times.push_back(loop_steps > 0 ? window_ms / loop_steps : window_ms);
+    state.SetIterationTime(window_ms * 1e-3);
+  }
+  // A call that waits on the device while the gate holds it is let through
+  // after the timeout: its times then include host time.
+  if (expired > 0)
+    std::fprintf(stderr, "  warning: %s: %d of %zu timed calls waited on the device behind the launch gate (%.1f s "
+                 "each): those times include host time\n",
+                 row.c_str(), expired, times.size(), LaunchGate::kTimeoutNs * 1e-9);
+  state.counters["gate_expired"] = expired;
+  return median(times);
+}
+
+// A row that could not run: its error in the table, the allocator's cache and
+// CUDA's sticky error cleared for the next row.
+void fail_row(benchmark::State& state, Measurement& measurement, const std::exception& error) {
+  measurement.error = error_text(error);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  cudaGetLastError();
+  state.SkipWithError(measurement.error.c_str());
+}
+
+// Google Benchmark calls a row's function more than once (to size the
+// iteration count); the last call, with the most iterations, is kept.
+void keep_measurement(const Measurement& measurement) {
+  for (auto& existing : measurements)
+    if (existing.case_name == measurement.case_name && existing.implementation == measurement.implementation) {
+      existing = measurement;
+      return;
+    }
+  measurements.push_back(measurement);
+}
+
 void run_benchmark(benchmark::State& state, const std::string& case_name,
                    const std::string& implementation, Direction direction, const ProblemSpec& spec) {
   Measurement measurement{case_name, implementation};
@@ -685,31 +749,10 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
     }
     const auto& inputs = inputs_for(case_name, spec, direction);
     const auto call = make_call(implementation, direction, spec, inputs);
-    EventTimer timer;
-    LaunchGate gate;
     for (int warmup = 0; warmup < 3; ++warmup) call();
     FLASHLAB_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> times;
-    int expired = 0;
-    for (auto _ : state) {
-      float window_ms = 0;  // what the events saw: one call, or a loop of them
-      if (api_loops) {
-        window_ms = timer.time_ms([&] {
-          for (int step = 0; step < kForwardApiSteps; ++step) call();
-        });
-      } else {
-        window_ms = timer.time_ms(call, &gate);  // device time: the host's dispatch stays out of the window
-        expired += gate.expired();
-      }
-      times.push_back(api_loops ? window_ms / kForwardApiSteps : window_ms);
-      state.SetIterationTime(window_ms * 1e-3);  // Google Benchmark's min_time counts the whole window
-    }
-    if (expired > 0)
-      std::fprintf(stderr, "  warning: %s %s: %d of %zu timed calls waited on the device behind the launch gate: "
-                   "those times include host time\n",
-                   case_name.c_str(), implementation.c_str(), expired, times.size());
-    state.counters["gate_expired"] = expired;
-    measurement.median_ms = median(times);
+    measurement.median_ms =
+        time_row(state, case_name + " " + implementation, call, api_loops ? kForwardApiSteps : 0);
     measurement.tflops = flashlab::attention_flops(spec, direction) / (measurement.median_ms * 1e-3) / 1e12;
     state.counters["median_ms"] = measurement.median_ms;
     state.counters["TFLOPS"] = measurement.tflops;
@@ -717,23 +760,9 @@ void run_benchmark(benchmark::State& state, const std::string& case_name,
     // Device memory one call allocates on top of its inputs (outputs, LSE, workspaces).
     state.counters["peak_MB"] = flashlab::peak_bytes_during(call) / 1e6;
   } catch (const std::exception& error) {
-    std::string message = error.what();
-    if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))
-      message = torch_error->what_without_backtrace();
-    message = message.substr(0, message.find('\n'));
-    measurement.error = message;
-    c10::cuda::CUDACachingAllocator::emptyCache();
-    cudaGetLastError();
-    state.SkipWithError(message.c_str());
+    fail_row(state, measurement, error);
   }
-  // Google Benchmark calls this more than once per benchmark (to size the
-  // iteration count); the last call, with the most iterations, is kept.
-  for (auto& existing : measurements)
-    if (existing.case_name == case_name && existing.implementation == implementation) {
-      existing = measurement;
-      return;
-    }
-  measurements.push_back(measurement);
+  keep_measurement(measurement);
 }
 
 void print_summary(const BenchConfig& config) {
@@ -1111,14 +1140,6 @@ struct WarningCollector : c10::WarningHandler {
   void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
 };
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-std::string error_text(const std::exception& error) {
-  if (const auto* torch_error = dynamic_cast<const c10::Error*>(&error))
-    return first_line(torch_error->what_without_backtrace());
-  return first_line(error.what());
-}
-
 // A torch row's untimed call; a refusal becomes "unavailable: <error> (<torch's reasons>)".
 at::Tensor run_torch_row(const DecodeCall& call) {
   WarningCollector collector;
@@ -1178,33 +1199,12 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
           failure);
       if (!failure.empty()) throw std::runtime_error(failure);
     }
-    EventTimer timer;
-    LaunchGate gate;
     warm_up_decode_row(call.call);
-    std::vector<float> times;
-    int expired = 0;
-    for (auto _ : state) {
-      float ms = 0;
-      if (config.api) {  // a loop of steps, host time included: the time a step
-        ms = timer.time_ms([&] {
-          for (int step = 0; step < kApiSteps; ++step) call.call();
-        }) / kApiSteps;
-      } else {
-        if (l2_flush) (*l2_flush)();  // before the start event: not timed
-        ms = timer.time_ms(call.call, &gate);
-        expired += gate.expired();
-      }
-      times.push_back(ms);
-      state.SetIterationTime(ms * 1e-3);
-    }
-    // A call that waits on the device while the gate holds it is let through
-    // after the timeout: its times then include host time.
-    if (expired > 0)
-      std::fprintf(stderr, "  warning: %d of %zu timed calls waited on the device behind the launch gate (%.1f s "
-                   "each): those times include host time\n",
-                   expired, times.size(), LaunchGate::kTimeoutNs * 1e-9);
-    state.counters["gate_expired"] = expired;
-    measurement.median_ms = median(times);
+    const std::function<void()> flush = [] {
+      if (l2_flush) (*l2_flush)();
+    };
+    measurement.median_ms =
+        time_row(state, c.name() + " " + implementation, call.call, config.api ? kApiSteps : 0, flush);
     measurement.gbps = c.kv_bytes() / (measurement.median_ms * 1e-3) / 1e9;
     measurement.splits = call.splits;
     state.counters["median_ms"] = measurement.median_ms;
@@ -1220,18 +1220,10 @@ void run_decode_benchmark(benchmark::State& state, const DecodeCase& c, const st
     std::fprintf(stderr, "  %.2f us, %.0f GB/s, %.1f%% of copy%s\n", measurement.median_ms * 1e3, measurement.gbps,
                  100 * measurement.gbps / copy_gbps, launch.c_str());
   } catch (const std::exception& error) {
-    measurement.error = error_text(error);
-    c10::cuda::CUDACachingAllocator::emptyCache();
-    cudaGetLastError();
+    fail_row(state, measurement, error);
     std::fprintf(stderr, "  %s\n", measurement.error.c_str());
-    state.SkipWithError(measurement.error.c_str());
   }
-  for (auto& existing : measurements)
-    if (existing.case_name == measurement.case_name && existing.implementation == implementation) {
-      existing = measurement;
-      return;
-    }
-  measurements.push_back(measurement);
+  keep_measurement(measurement);
 }
 
 void print_decode_summary(const BenchConfig& config) {

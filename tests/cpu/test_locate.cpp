@@ -298,6 +298,10 @@ TEST(Locate, Fa3BackwardKeyBlockOrderIsABijection) {
   EXPECT_EQ(fa3::key_block_order(32, 64, false, int64_t{4} << 20, 132, 50 << 20).sections, 64);
   // 32 MB a pair: the L2 holds one pair a section.
   EXPECT_EQ(fa3::key_block_order(32, 64, true, int64_t{32} << 20, 132, 50 << 20).sections, 64);
+  // Short walks (1k at head_dim 128: 8 key blocks) keep the grid's order; 16 key blocks take sections.
+  EXPECT_EQ(fa3::key_block_order(8, 256, true, int64_t{1} << 20, 132, 50 << 20).sections, 256);
+  EXPECT_LT(fa3::key_block_order(fa3::kSectionedKeyBlocks, 128, true, int64_t{2} << 20, 132, 50 << 20).sections,
+            128);
 }
 
 // e4m3 (FP8): the FP8 tiling's rows and key tiles (128 x 128, also at head_dim
@@ -478,9 +482,18 @@ void check_backward_layout(bool causal, bool deterministic) {
   const int key_blocks = (spec.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   EXPECT_EQ(kernel_cta(key, causal, deterministic).key_block, deterministic && causal ? key_blocks - 1 : 0);
   EXPECT_EQ(kernel_cta(key, causal, deterministic).pair, 1);  // batch 0, kv head 1 (head 2)
-  // The grid's own order but in the default mode under the mask: blockIdx = (key block, kv head, batch).
-  if (!(causal && !deterministic)) EXPECT_EQ(key.key_block_cta[0], deterministic && causal ? key_blocks - 1 : 0);
-  if (causal && !deterministic) EXPECT_EQ(key.key_block_cta[0], 1);  // one section, key block 0 of pair 1: CTA 1
+  // Fewer than kSectionedKeyBlocks key blocks: the grid's own order, blockIdx = (key block, kv head, batch).
+  EXPECT_EQ(key.key_block_cta[0], deterministic && causal ? key_blocks - 1 : 0);
+  // 17 or more key blocks under the mask in the default mode: one section of the 4 pairs, key block 0 of
+  // pair 1 is CTA 1.
+  spec.seqlen_k = 2100;
+  const BackwardElementLocation long_key = locate_backward_element(kernel, spec, deterministic, 0, 2, 5, 1);
+  const int long_key_blocks = (spec.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  ASSERT_GE(long_key_blocks, fa3_wgmma_sm90::kSectionedKeyBlocks);
+  EXPECT_EQ(kernel_cta(long_key, causal, deterministic).key_block,
+            deterministic && causal ? long_key_blocks - 1 : 0);
+  EXPECT_EQ(kernel_cta(long_key, causal, deterministic).pair, 1);
+  EXPECT_EQ(long_key.key_block_cta[0], causal && !deterministic ? 1 : deterministic && causal ? long_key_blocks - 1 : 0);
 }
 
 TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {

@@ -307,6 +307,7 @@ using ::flashlab::key_block_cta_at;
 using ::flashlab::key_block_cta_index;
 using ::flashlab::KeyBlockCta;
 using ::flashlab::KeyBlockOrder;
+using ::flashlab::kSectionedKeyBlocks;
 
 // Launches configuration Tr for params.dtype (fp16 or bf16), the traced
 // instantiation when params.trace is on. Defined in fa3_wgmma_sm90_kernel.cuh

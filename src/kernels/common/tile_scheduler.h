@@ -104,15 +104,18 @@ FLASHLAB_HOST_DEVICE inline WorkTile work_tile_at(int index, int num_q_blocks, i
 // block grows, so the grid ends with the last pairs' long walks started late:
 // a host model of a 132-SM grid, one CTA an SM, 1k-8k causal at head_dim
 // 64-256 (scripts/backward_order_model.py), puts the end 3-8% above the
-// balanced time. There the pairs are cut
-// into sections of about two grids' worth of CTAs, as equal as they divide,
-// and a section's key blocks run first to last, all of its pairs at each step
-// (the model: 0-2% above). At any moment the CTAs running then share a
-// section's Q, dO and dQ sums, capped at three quarters of the L2. With one
-// pair a section the order is the grid's own. Host and device;
+// balanced time. There (from kSectionedKeyBlocks key blocks a pair) the
+// pairs are cut into sections of about two grids' worth of CTAs, as equal as
+// they divide, and a section's key blocks run first to last, all of its pairs
+// at each step (the model: 0-2% above). At any moment the CTAs running then
+// share a section's Q, dO and dQ sums, capped at three quarters of the L2.
+// With one pair a section the order is the grid's own. Host and device;
 // fa3_wgmma_sm90_bwd_locate.cpp inverts it.
-// Fewer key blocks a pair than this keep the grid's order: measured on the
-// H200 (session 35), sections cost 1-3% at 8 key blocks (1k, head_dim 64/128).
+//
+// Fewer key blocks a pair than this keep the grid's order. Measured on the
+// H200 (session 35, causal, 16k tokens): at 8 key blocks (1k, head_dim 64/128)
+// sections took 0-3% longer; from 16 they ran 2-3% faster at head_dim 128
+// (2k-8k) and 256 (2k-4k), about 1% at 64, and within 1% at 16k.
 constexpr int kSectionedKeyBlocks = 16;
 struct KeyBlockOrder {
   int key_blocks = 0;  // gridDim.x

@@ -4,7 +4,10 @@
 // (common/backward_dq.cuh):
 //
 // 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32.
-// 2. main (this file): one CTA per (key block, kv head, batch).
+// 2. main (this file): one CTA per (key block, kv head, batch), started in
+//    the grid's order or, in the default mode under a right-bounded mask
+//    (causal, windows) from 16 key blocks a pair, in KeyBlockOrder's
+//    sections (common/tile_scheduler.h).
 //    Three warpgroups.
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
 //    first thread loads K and V once (TMA, one transaction barrier), then for

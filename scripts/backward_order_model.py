@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A host model of fa3_wgmma_sm90's backward grid under a causal mask: how far
 above the balanced time the last CTA ends, in the grid's own order and in
-KeyBlockOrder's sections (src/kernels/common/tile_scheduler.h).
+KeyBlockOrder's sections (src/kernels/common/tile_scheduler.h), with its
+16-key-block threshold (below it the two columns agree).
 
 One CTA an SM, CTAs start in the order of their linear index on the SM that
 frees first; a CTA's time is its walk (the query blocks that see its key block)
@@ -35,7 +36,12 @@ def cta_at(index, key_blocks, pairs, sections):  # key_block_cta_at
     return within // size, first + within % size
 
 
+SECTIONED_KEY_BLOCKS = 16  # kSectionedKeyBlocks: fewer keep the grid's order
+
+
 def sections_for(key_blocks, pairs, pair_bytes, sms, l2_bytes):  # key_block_order
+    if key_blocks < SECTIONED_KEY_BLOCKS or pairs <= 1:
+        return pairs
     section_pairs = min(-(-2 * sms // key_blocks), max(1, l2_bytes * 3 // 4 // pair_bytes))
     return min(max((pairs + section_pairs // 2) // section_pairs, 1), pairs)
 

@@ -682,6 +682,9 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
       {128, 3, 1, 7, 2, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
       {128, 2, 300, 257, 4, 4, true, -1, -1, true, Fp8Scaling::per_tensor, at::kBFloat16},
       {128, 1, 200, 333, 4, 2, false, -1, -1, false, Fp8Scaling::none, at::kBFloat16},
+      // 2048+ keys: the 192-key tile (fp8_uses_long_key_tile); 2049 leaves one key in the last tile.
+      {128, 1, 1025, 2049, 4, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
+      {128, 1, 777, 3001, 6, 2, false, 300, 100, true, kPerHead, at::kHalf},
       {64, 2, 1023, 1023, 8, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
       {64, 1, 113, 4097, 4, 1, true, -1, -1, true, kPerHead, at::kHalf},
       {64, 2, 777, 1500, 6, 2, false, 100, 50, false, Fp8Scaling::per_tensor, at::kBFloat16},
@@ -710,18 +713,24 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
     }
   // Variable-length batches (per-sequence descales; V^T regions padded to 16 keys):
   // empty sequences, queries without keys, short ones, per head dim.
+  // Sequences of 2048+ keys take head_dim 128's 192-key tile (fp8_uses_long_key_tile).
+  static const Lengths long_keys{"long_keys", {1100, 0, 3001, 17}, {2049, 9, 3000, 2300}};
   struct Fp8Varlen {
-    int lengths, head_dim, kv_heads;
+    const Lengths& lengths;
+    int head_dim, kv_heads;
     bool causal, outliers;
   };
+  const auto& lengths_at = varlen_lengths();
   const std::vector<Fp8Varlen> packed = {
-      {0, 128, 2, false, false}, {1, 128, 2, true, false}, {3, 128, 1, false, true},
-      {4, 128, 2, true, false},  {5, 128, 4, false, false}, {1, 256, 2, false, true},
-      {1, 64, 2, true, false},
+      {lengths_at[0], 128, 2, false, false}, {lengths_at[1], 128, 2, true, false},
+      {lengths_at[3], 128, 1, false, true},  {lengths_at[4], 128, 2, true, false},
+      {lengths_at[5], 128, 4, false, false}, {lengths_at[1], 256, 2, false, true},
+      {lengths_at[1], 64, 2, true, false},   {long_keys, 128, 2, false, false},
+      {long_keys, 128, 1, true, true},
   };
   for (const auto& kernel : kernels)
     for (const Fp8Varlen& entry : packed) {
-      const Lengths& lengths = varlen_lengths()[entry.lengths];
+      const Lengths& lengths = entry.lengths;
       ProblemSpec spec = varlen_spec(lengths, at::kFloat8_e4m3fn, entry.kv_heads, entry.causal);
       spec.head_dim = entry.head_dim;
       spec.outliers = entry.outliers;

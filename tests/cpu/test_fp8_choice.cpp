@@ -121,7 +121,13 @@ TEST(Fp8Choice, OnlyTheHopperForwardTakesIt) {
     EXPECT_EQ(params.dtype, DataType::e4m3);
     EXPECT_EQ(params.output_dtype, DataType::bfloat16);
     EXPECT_EQ(select_kernel(params, "auto").name, "fa3_wgmma_sm90") << head_dim;
-    EXPECT_EQ(select_kernel(params, "auto").tile_shape(params).block_k, 128);  // Fp8Traits, not the 16-bit tiling
+    // Fp8Traits' key tile, not the 16-bit tiling's: 128, and 192 at head_dim 128 from 2048 keys on.
+    EXPECT_EQ(select_kernel(params, "auto").tile_shape(params).block_k, 128) << head_dim;
+    AttentionParams long_keys = params;
+    long_keys.seqlen_k = 2048;
+    EXPECT_EQ(select_kernel(long_keys, "auto").tile_shape(long_keys).block_k, head_dim == 128 ? 192 : 128) << head_dim;
+    long_keys.seqlen_k = 2047;
+    EXPECT_EQ(select_kernel(long_keys, "auto").tile_shape(long_keys).block_k, 128) << head_dim;
   }
   const Fp8Problem d128;
   expect_rejected([&] { select_kernel(d128.forward(80), "auto"); },

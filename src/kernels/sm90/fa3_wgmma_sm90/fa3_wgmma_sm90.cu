@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <utility>
 #include <string>
 
@@ -109,19 +110,21 @@ CUtensorMap make_tensor_map(const AttentionParams& p, const TensorOperand& opera
   return map;
 }
 
-CUtensorMap make_vt_tensor_map(const AttentionParams& p, const void* vt) {
+CUtensorMap make_vt_tensor_map(const AttentionParams& p, const void* vt, int panel_keys) {
+  if (panel_keys != 128 && panel_keys != 64)
+    throw std::invalid_argument("make_vt_tensor_map: V^T panels of 64 or 128 keys; got " + std::to_string(panel_keys));
   const int64_t keys = std::max<int64_t>(fp8_vt_row_keys(p), 16);  // no keys: a map never read
   const cuuint64_t extent[4] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(p.head_dim),
                                 static_cast<cuuint64_t>(p.kv_heads), static_cast<cuuint64_t>(fp8_vt_planes(p))};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(keys), static_cast<cuuint64_t>(keys * p.head_dim),
                                  static_cast<cuuint64_t>(keys * p.head_dim * p.kv_heads)};
-  const cuuint32_t box[4] = {128, static_cast<cuuint32_t>(p.head_dim), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(panel_keys), static_cast<cuuint32_t>(p.head_dim), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   CUtensorMap map;
   const CUresult status = encode_tiled()(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(vt), extent, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_INTERLEAVE_NONE, panel_keys == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS)
     throw_cuda_error(cudaErrorInvalidValue, "cuTensorMapEncodeTiled", __FILE__, __LINE__,
                      "driver error " + std::to_string(static_cast<int>(status)) +
@@ -299,8 +302,10 @@ TileShape tile_shape(const AttentionParams& params) {
     using Tr = typename DefaultTraits<kHeadDim>::type;
     shape = {Tr::kBlockM, Tr::kBlockN};
     if constexpr (fa3_wgmma_sm90::Fp8HeadDims::contains(kHeadDim)) {
-      using Fp8 = typename fa3_wgmma_sm90::Fp8Traits<kHeadDim>::type;
-      if (params.dtype == DataType::e4m3) shape = {Fp8::kBlockM, Fp8::kBlockN};
+      if (params.dtype == DataType::e4m3)
+        fa3_wgmma_sm90::with_fp8_traits<kHeadDim>(params, [&](auto fp8) {
+          shape = {decltype(fp8)::kBlockM, decltype(fp8)::kBlockN};
+        });
     }
   });
   return shape;

@@ -32,9 +32,10 @@ using HeadDims = HeadDimList<64, 128, 256>;
 using BackwardHeadDims = HeadDimList<64, 128, 256>;
 
 // ElementBytes: 2 for fp16 / bf16, 1 for e4m3 (FP8: the V tile is V^T, keys
-// contiguous, one 128-byte panel of BlockN = 128 keys). Q and K are column
-// panels of 128-byte rows, 128-byte swizzled; a head dim of 64 bytes (e4m3 at
-// head_dim 64) is one panel of 64-byte rows, 64-byte swizzled.
+// contiguous, in key panels of kVtPanelKeys: 128-byte rows where BlockN is a
+// multiple of 128, else 64-byte rows, each swizzled by its row width). Q and K
+// are column panels of 128-byte rows, 128-byte swizzled; a head dim of 64
+// bytes (e4m3 at head_dim 64) is one panel of 64-byte rows, 64-byte swizzled.
 template <int HeadDim, int BlockN, int Stages, bool Pingpong = true, int Consumers = 2, int ElementBytes = 2>
 struct Traits {
   static constexpr int kHeadDim = HeadDim;
@@ -48,6 +49,9 @@ struct Traits {
   static constexpr int kPanelBytes = HeadDim * ElementBytes < 128 ? HeadDim * ElementBytes : 128;  // = the swizzle
   static constexpr int kPanelElements = kPanelBytes / ElementBytes;  // elements of a panel row
   static constexpr int kPanels = HeadDim / kPanelElements;           // column panels of Q and K
+  // FP8 V^T: head_dim rows of kVtPanelKeys keys a panel (one TMA box each), kVtPanels a tile.
+  static constexpr int kVtPanelKeys = BlockN % 128 == 0 ? 128 : 64;
+  static constexpr int kVtPanels = BlockN / kVtPanelKeys;
   static constexpr int kQTileBytes = kBlockM * HeadDim * ElementBytes;
   static constexpr int kKVTileBytes = kBlockN * HeadDim * ElementBytes;
   // setmaxnreg moves registers within the CTA's launch allocation (65536 /
@@ -57,7 +61,10 @@ struct Traits {
   // The FP8 producer spilled 72 bytes at 24 at head_dim 128 (ptxas, sm_90a),
   // none at 40; at 256 the consumers need every register of 240 (232: 228
   // bytes of consumer spills), so its producer keeps 24 and spills 84-108 bytes.
-  static constexpr int kProducerRegisters = ElementBytes == 1 && HeadDim <= 128 ? 40 : 24;
+  // The 192-key tile (head_dim 128) gives the consumers 240 too, for S's and
+  // P's 40 more (they spill 128 / 192 bytes, static / dynamic schedule; at
+  // 232, 168 / 76); its 2-9% gain was measured with these.
+  static constexpr int kProducerRegisters = ElementBytes == 1 && HeadDim <= 128 && BlockN == 128 ? 40 : 24;
   static constexpr int kConsumerRegisters =
       (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * Consumers) / 8 * 8;
   // Steady-state steps with the mask decided at compile time (masked and
@@ -95,7 +102,7 @@ struct Traits {
   static_assert(kPanelBytes == 128 || kPanelBytes == 64, "panel rows are 128- or 64-byte swizzle rows");
   static_assert(HeadDim % kPanelElements == 0, "head_dim must be whole panels");
   static_assert(BlockN % 16 == 0 && BlockN <= 256, "key tile is whole k16 steps, one TMA box");
-  static_assert(ElementBytes == 2 || BlockN == 128, "an FP8 V^T tile is one 128-byte row of keys a head-dim row");
+  static_assert(ElementBytes == 2 || BlockN % 64 == 0, "an FP8 V^T tile is whole 64- or 128-key panels");
 };
 
 template <int HeadDim> struct DefaultTraits;
@@ -108,14 +115,34 @@ struct DefaultTraits {
   using type = Traits<HeadDim, (HeadDim <= 128 ? 128 : 80), 2, true, (HeadDim <= 64 ? 3 : 2)>;
 };
 
-// The FP8 (e4m3) tiling: 128 x 128 (k32 wgmma steps; V^T tiles of 128 keys,
-// one 128-byte row per head-dim row); Q and K rows of 64 bytes at head_dim 64
-// (64-byte swizzle), whole 128-byte panels at 128 and 256.
+// The FP8 (e4m3) tilings: 128 query rows (k32 wgmma steps) x 128 keys (one
+// 128-key V^T panel), and at head_dim 128 from kFp8LongKeyTileKeys keys on 128
+// x 192 (three 64-key V^T panels); Q and K rows of 64 bytes at head_dim 64
+// (64-byte swizzle), whole 128-byte panels at 128 and 256. At head_dim 128 the
+// softmax, not the matmuls, bounds FP8 (as many exponentials a FLOP as the
+// MUFU issues), and a longer key tile spreads each tile's fixed work (row max
+// shuffles, O's rescale, barriers) over more of them: 192 keys ran 2-9% faster
+// than 128 at 4k and 16k, 3-7% slower at 1k where the last tile is a third
+// padding (H200, session 36). 256 keys leave no registers (S 128 + P 32 + O 64
+// of 240); at head_dim 256, O alone takes 128.
 using Fp8HeadDims = HeadDimList<64, 128, 256>;
-template <int HeadDim>
+template <int HeadDim, int BlockN = 128>
 struct Fp8Traits {
-  using type = Traits<HeadDim, 128, 2, true, 2, 1>;
+  using type = Traits<HeadDim, BlockN, 2, true, 2, 1>;
 };
+inline constexpr int64_t kFp8LongKeyTileKeys = 2048;
+FLASHLAB_HOST_DEVICE constexpr bool fp8_uses_long_key_tile(int head_dim, int64_t seqlen_k) {
+  return head_dim == 128 && seqlen_k >= kFp8LongKeyTileKeys;
+}
+// Calls f with the FP8 tiling of this problem (a Traits value, a tag): the one
+// choice the launch, tile_shape and --locate share.
+template <int HeadDim, class F>
+decltype(auto) with_fp8_traits(const AttentionParams& params, F&& f) {
+  if constexpr (HeadDim == 128) {
+    if (fp8_uses_long_key_tile(params.head_dim, params.seqlen_k)) return f(typename Fp8Traits<HeadDim, 192>::type{});
+  }
+  return f(typename Fp8Traits<HeadDim>::type{});
+}
 
 // V^T for the FP8 forward (8-bit wgmma takes B K-major only): the kernel's V
 // operand, (planes, kv_heads, head_dim, row_keys) with rows of fp8_vt_row_keys
@@ -280,9 +307,10 @@ enum class Operand { q, k, v };
 TensorOperand tensor_operand(const AttentionParams& params, Operand operand);
 CUtensorMap make_tensor_map(const AttentionParams& params, const TensorOperand& operand, int box_rows,
                             int panel_bytes = 128);
-// The FP8 forward's V^T (fp8_vt_key_of_position's layout at `vt`): box of 128
-// keys x head_dim rows, 128-byte swizzle.
-CUtensorMap make_vt_tensor_map(const AttentionParams& params, const void* vt);
+// The FP8 forward's V^T (fp8_vt_key_of_position's layout at `vt`): boxes of
+// panel_keys (Traits::kVtPanelKeys: 128 or 64) keys x head_dim rows, swizzled
+// by the box's row bytes.
+CUtensorMap make_vt_tensor_map(const AttentionParams& params, const void* vt, int panel_keys);
 inline CUtensorMap make_tensor_map(const AttentionParams& params, Operand operand, int box_rows,
                                    int panel_bytes = 128) {
   return make_tensor_map(params, tensor_operand(params, operand), box_rows, panel_bytes);

@@ -32,15 +32,18 @@
 // non-causal, and spills now, so 128.) Shared tiles are stored as 64-column
 // panels of 128-byte rows (TMA box inner size = one swizzle row).
 //
-// FP8 (e4m3 Q, K, V; Fp8Traits, 128 x 128 at head_dim 64, 128 and 256; at 64
-// the Q and K rows are 64 bytes, 64-byte swizzled): k32 wgmma;
+// FP8 (e4m3 Q, K, V; Fp8Traits, 128 x 128 at head_dim 64, 128 and 256, 128 x
+// 192 at 128 from 2048 keys on; at 64 the Q and K rows are 64 bytes, 64-byte
+// swizzled): k32 wgmma;
 // 8-bit wgmma takes B K-major only, so V arrives as V^T, written by
 // fp8_transpose_v_kernel into the workspace before the launch with its keys
 // permuted within every 16 (fp8_vt_key_of_position) so that S's accumulator
 // fragments are P V's A fragments as they stand; P is exp2(... + 8) rounded to
 // e4m3 (the 2^8 leaves the LSE in the epilogue); the per-(batch, kv head)
 // descales scale the scores and O. The producer gets 40 registers at head_dim
-// 64 and 128 (24 spilled at 128), 24 at 256. Variable-length batches keep each
+// 64 and 128 (24 spilled at 128), 24 at 256 and with the 192-key tile. V^T
+// tiles are panels of 128 keys (128-byte swizzle) or, for the 192-key tile,
+// three of 64 (64-byte swizzle), one TMA box each. Variable-length batches keep each
 // sequence's V^T from a multiple of 16 keys on (fp8_vt_key0). No score
 // modifications, no trace, forward only; output bf16 or fp16
 // (AttentionParams::output_dtype).
@@ -275,10 +278,13 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
       sm90::mbarrier_wait(&smem.v_empty[stage], phase ^ 1);
       sm90::mbarrier_arrive_expect_tx(&smem.v_full[stage], Tr::kKVTileBytes);
       if constexpr (Tr::kElementBytes == 1) {
-        // V^T (fp8_vt_key_of_position's layout): head_dim rows of kBN keys, one box.
-        sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes, &args.v_map, &smem.v_full[stage],
-                          static_cast<int>(fp8_vt_key0(p, view.k_row0, work.batch)) + tile * kBN, 0, kv_head,
-                          batch_coordinate);
+        // V^T (fp8_vt_key_of_position's layout): head_dim rows of kVtPanelKeys keys a box.
+        const int vt_key = static_cast<int>(fp8_vt_key0(p, view.k_row0, work.batch)) + tile * kBN;
+#pragma unroll 1  // the producer has 40 registers
+        for (int panel = 0; panel < Tr::kVtPanels; ++panel)
+          sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * Tr::kHeadDim * Tr::kVtPanelKeys,
+                            &args.v_map, &smem.v_full[stage], vt_key + panel * Tr::kVtPanelKeys, 0, kv_head,
+                            batch_coordinate);
       } else {
 #pragma unroll 1  // the producer has 24 registers
         for (int panel = 0; panel < Tr::kPanels; ++panel)
@@ -378,9 +384,14 @@ __device__ __forceinline__ void issue_probabilities_times_values(
   sm90::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Tr::kBlockN / sm90::kWgmmaK<Element>; ++kk) {
-    const uint64_t desc_v = Tr::kElementBytes == 1
-                                ? sm90::make_smem_descriptor_sw128(v_tile + kk * 32, 16, 1024)
-                                : sm90::make_smem_descriptor_sw128(v_tile + kk * 16 * 128, Tr::kBlockN * 128, 1024);
+    // e4m3: step kk's 32 keys (bytes) within its V^T panel; 8-row atoms kVtPanelKeys x 8 apart.
+    constexpr int kVtSteps = Tr::kVtPanelKeys / 32;
+    const uint64_t desc_v =
+        Tr::kElementBytes == 1
+            ? sm90::make_smem_descriptor<Tr::kVtPanelKeys>(
+                  v_tile + kk / kVtSteps * Tr::kHeadDim * Tr::kVtPanelKeys + kk % kVtSteps * 32, 16,
+                  8 * Tr::kVtPanelKeys)
+            : sm90::make_smem_descriptor_sw128(v_tile + kk * 16 * 128, Tr::kBlockN * 128, 1024);
     sm90::wgmma_rs<Tr::kHeadDim, Element>(acc_o, p_frag[kk], desc_v, 1);
   }
   sm90::wgmma_commit();
@@ -933,7 +944,7 @@ void launch_forward(const AttentionParams& params) {
           params, vt, row_keys, key_blocks);
       FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 (FP8 V transpose)", params);
     }
-    args.v_map = make_vt_tensor_map(params, vt);
+    args.v_map = make_vt_tensor_map(params, vt, Tr::kVtPanelKeys);
   } else {
     args.v_map = make_tensor_map(params, Operand::v, Tr::kBlockN);
   }
@@ -959,7 +970,8 @@ void launch(const AttentionParams& params) {
 
 template <int HeadDim>
 void launch_fp8_at(const AttentionParams& params) {
-  if constexpr (Fp8HeadDims::contains(HeadDim)) launch_forward<typename Fp8Traits<HeadDim>::type, __nv_fp8_e4m3>(params);
+  if constexpr (Fp8HeadDims::contains(HeadDim))
+    with_fp8_traits<HeadDim>(params, [&](auto tiling) { launch_forward<decltype(tiling), __nv_fp8_e4m3>(params); });
 }
 
 }  // namespace flashlab::fa3_wgmma_sm90

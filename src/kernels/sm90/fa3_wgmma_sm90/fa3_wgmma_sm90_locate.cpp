@@ -139,8 +139,9 @@ ElementLocation locate_on(const AttentionParams& params, int batch, int head, in
     location.unavailable = "fa3_wgmma_sm90 takes e4m3 at head_dim " + Fp8HeadDims::text() + "; got " +
                            std::to_string(params.head_dim);
     FLASHLAB_HEAD_DIM_SWITCH(Fp8HeadDims, params.head_dim, kHeadDim, [&] {
-      location = locate_with<typename Fp8Traits<kHeadDim>::type>(params, batch, head, row, col, multiprocessors,
-                                                                 l2_bytes);
+      with_fp8_traits<kHeadDim>(params, [&](auto tiling) {
+        location = locate_with<decltype(tiling)>(params, batch, head, row, col, multiprocessors, l2_bytes);
+      });
     });
     return location;
   }

@@ -328,6 +328,17 @@ TEST(Locate, Fa3E4m3UsesTheFp8Tiling) {
   ASSERT_TRUE(d64.unavailable.empty()) << d64.unavailable;
   EXPECT_EQ(d64.query_block, 1);
   EXPECT_EQ(d64.key_tiles, (std::vector<int>{0}));
+  // head_dim 128: 128 x 128 below 2048 keys, 128 x 192 from 2048 on (2049 keys: 11 tiles, the last one key).
+  const at::Tensor q128 = e4m3({1, 300, 2, 128});
+  const auto d128_tiles = [&](int64_t keys) {
+    const at::Tensor kv128 = e4m3({1, keys, 2, 128});
+    const ElementLocation d128 = fa3_wgmma_sm90::locate_on(
+        make_params(q128, kv128, kv128, at::Tensor(), at::Tensor(), {}), 0, 1, 200, 1, 132, 50 << 20);
+    EXPECT_TRUE(d128.unavailable.empty()) << d128.unavailable;
+    return d128.key_tiles.size();
+  };
+  EXPECT_EQ(d128_tiles(2047), 16u);
+  EXPECT_EQ(d128_tiles(2049), 11u);
   const at::Tensor q96 = e4m3({1, 10, 2, 96}), kv96 = e4m3({1, 10, 2, 96});
   const ElementLocation none =
       fa3_wgmma_sm90::locate_on(make_params(q96, kv96, kv96, at::Tensor(), at::Tensor(), {}), 0, 0, 1, 1, 132, 50 << 20);

@@ -328,7 +328,7 @@ TEST(Locate, Fa3E4m3UsesTheFp8Tiling) {
   ASSERT_TRUE(d64.unavailable.empty()) << d64.unavailable;
   EXPECT_EQ(d64.query_block, 1);
   EXPECT_EQ(d64.key_tiles, (std::vector<int>{0}));
-  // head_dim 128: 128 x 128 below 2048 keys, 128 x 192 from 2048 on (2049 keys: 11 tiles, the last one key).
+  // head_dim 128: 128 x 128 below 2048 keys, 128 x 192 from 2048 on (2049 keys: 11 tiles, 129 keys in the last).
   const at::Tensor q128 = e4m3({1, 300, 2, 128});
   const auto d128_tiles = [&](int64_t keys) {
     const at::Tensor kv128 = e4m3({1, keys, 2, 128});

@@ -122,8 +122,8 @@ struct DefaultTraits {
 // softmax, not the matmuls, bounds FP8 (as many exponentials a FLOP as the
 // MUFU issues), and a longer key tile spreads each tile's fixed work (row max
 // shuffles, O's rescale, barriers) over more of them: 192 keys ran 2-9% faster
-// than 128 at 4k and 16k, 3-7% slower at 1k where the last tile is a third
-// padding (H200, session 36). 256 keys leave no registers (S 128 + P 32 + O 64
+// than 128 at 4k and 16k, 3-7% slower at 1k, where the last of six tiles is
+// two thirds padding (H200, session 36). 256 keys leave no registers (S 128 + P 32 + O 64
 // of 240); at head_dim 256, O alone takes 128.
 using Fp8HeadDims = HeadDimList<64, 128, 256>;
 template <int HeadDim, int BlockN = 128>

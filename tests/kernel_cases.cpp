@@ -682,8 +682,10 @@ std::vector<KernelCase> fp8_cases(int compute_capability, const Kernels& kernels
       {128, 3, 1, 7, 2, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
       {128, 2, 300, 257, 4, 4, true, -1, -1, true, Fp8Scaling::per_tensor, at::kBFloat16},
       {128, 1, 200, 333, 4, 2, false, -1, -1, false, Fp8Scaling::none, at::kBFloat16},
-      // 2048+ keys: the 192-key tile (fp8_uses_long_key_tile); 2049 leaves 129 keys in the last tile.
+      // 2048+ keys: the 192-key tile (fp8_uses_long_key_tile); 2049 leaves 129 keys in the last
+      // tile, 2113 = 11 x 192 + 1 one key.
       {128, 1, 1025, 2049, 4, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
+      {128, 1, 300, 2113, 4, 1, true, -1, -1, false, kPerHead, at::kBFloat16},
       {128, 1, 777, 3001, 6, 2, false, 300, 100, true, kPerHead, at::kHalf},
       {64, 2, 1023, 1023, 8, 2, false, -1, -1, false, kPerHead, at::kBFloat16},
       {64, 1, 113, 4097, 4, 1, true, -1, -1, true, kPerHead, at::kHalf},

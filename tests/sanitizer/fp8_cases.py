@@ -22,6 +22,7 @@ CASES = [
     (64, 2, 300, 129, 4, 2, True, (-1, -1)),
     (256, 3, 129, 1000, 4, 4, True, (-1, -1)),
     (128, 1, 65, 2049, 2, 1, False, (-1, -1)),  # 2048+ keys: the 192-key tile, 129 keys in the last
+    (128, 1, 65, 2113, 2, 1, False, (-1, -1)),  # 2113 = 11 x 192 + 1: one key in the last
 ]
 generator = torch.Generator(device="cuda").manual_seed(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 for head_dim, batch, seqlen_q, seqlen_k, heads, kv_heads, causal, window in CASES:

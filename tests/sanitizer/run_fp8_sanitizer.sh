@@ -24,4 +24,4 @@ if [ "$tool" = racecheck ]; then
 else
   grep -q "ERROR SUMMARY: 0 errors" <<<"$log" || exit 1
 fi
-[ $code -eq 0 ] && [ "$(grep -c '^ok ' <<<"$log")" -eq 7 ]
+[ $code -eq 0 ] && [ "$(grep -c '^ok ' <<<"$log")" -eq 8 ]

@@ -280,7 +280,7 @@ __device__ __forceinline__ void forward_producer(const KernelArguments& args, co
       if constexpr (Tr::kElementBytes == 1) {
         // V^T (fp8_vt_key_of_position's layout): head_dim rows of kVtPanelKeys keys a box.
         const int vt_key = static_cast<int>(fp8_vt_key0(p, view.k_row0, work.batch)) + tile * kBN;
-#pragma unroll 1  // the producer has 40 registers
+#pragma unroll 1  // the producer has 24-40 registers
         for (int panel = 0; panel < Tr::kVtPanels; ++panel)
           sm90::tma_load_4d(smem.v_smem + stage * Tr::kKVTileBytes + panel * Tr::kHeadDim * Tr::kVtPanelKeys,
                             &args.v_map, &smem.v_full[stage], vt_key + panel * Tr::kVtPanelKeys, 0, kv_head,

@@ -11,6 +11,7 @@ import pathlib
 
 WIDTHS = [64, 80, 96, 128, 176, 192, 256]  # N of m64nNk16: key-tile widths and head dims
 MN_MAJOR_WIDTHS = [64]  # the backward's dQ slab: 64 query rows x 64 head-dim columns a warpgroup
+A_MN_MAJOR_WIDTHS = [80]  # the backward's transposed dQ slab: 64 head-dim columns x 80 query rows
 OUT = pathlib.Path("src/kernels/common/wgmma_sm90_generated.h")
 
 
@@ -28,7 +29,7 @@ ELEMENTS = [("__half", "f16", 16), ("__nv_bfloat16", "bf16", 16)]
 FP8_ELEMENTS = [("__nv_fp8_e4m3", "e4m3", 32)]
 
 
-def wrapper(n, dtype, ptx_type, a_from_registers, mn_major=False, k=16):
+def wrapper(n, dtype, ptx_type, a_from_registers, mn_major=False, k=16, a_mn_major=False):
     regs = n // 2
     transposes = k == 16  # 16-bit shapes take imm-trans-a / imm-trans-b
     if a_from_registers:
@@ -41,11 +42,13 @@ def wrapper(n, dtype, ptx_type, a_from_registers, mn_major=False, k=16):
         name = "wgmma_rs"
     else:
         a_ops, b_op, scale_op = f"%{regs}", f"%{regs + 1}", f"%{regs + 2}"
-        # imm-trans-a, imm-trans-b: both K-major, or both MN-major (transposed).
-        tail = "p, 1, 1" if not transposes else "p, 1, 1, 1, 1" if mn_major else "p, 1, 1, 0, 0"
+        # imm-trans-a, imm-trans-b: both K-major, both MN-major (transposed), or
+        # A alone MN-major.
+        trans = "1, 1" if mn_major else "1, 0" if a_mn_major else "0, 0"
+        tail = "p, 1, 1" if not transposes else f"p, 1, 1, {trans}"
         inputs = '"l"(desc_a), "l"(desc_b), "r"(accumulate)'
         signature = "uint64_t desc_a, uint64_t desc_b, int accumulate"
-        name = "wgmma_ss_mn_major" if mn_major else "wgmma_ss"
+        name = "wgmma_ss_mn_major" if mn_major else "wgmma_ss_a_mn_major" if a_mn_major else "wgmma_ss"
     return f"""template <>
 __device__ __forceinline__ void {name}<{n}, {dtype}>(float (&d)[{regs}], {signature}) {{
   asm volatile(
@@ -70,6 +73,8 @@ def generate():
         "//     elements (O += P V), K-major for e4m3 (8-bit wgmma cannot transpose: V^T).\n"
         "//   wgmma_ss_mn_major: A and B from shared memory, both MN-major (the backward's\n"
         "//     dQ = dS K with dS stored transposed, keys as rows).\n"
+        "//   wgmma_ss_a_mn_major: A MN-major, B K-major, from shared memory (the backward's\n"
+        "//     dQ^T = K^T dS^T: K as stored, dS stored query rows first).\n"
         "// accumulate = 0 overwrites d. The caller fences, commits and waits.\n"
         "#pragma once\n\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n#include <cuda_fp8.h>\n\n"
         "#include <cstdint>\n#include <utility>\n\n"
@@ -77,7 +82,8 @@ def generate():
         "// The N of the wrappers below, for code that goes over all of them\n"
         "// (tests/cpu/wgmma_instantiation_sm90.cu).\n"
         f"using WgmmaWidths = std::integer_sequence<int, {', '.join(map(str, WIDTHS))}>;\n"
-        f"using WgmmaMnMajorWidths = std::integer_sequence<int, {', '.join(map(str, MN_MAJOR_WIDTHS))}>;\n\n"
+        f"using WgmmaMnMajorWidths = std::integer_sequence<int, {', '.join(map(str, MN_MAJOR_WIDTHS))}>;\n"
+        f"using WgmmaAMnMajorWidths = std::integer_sequence<int, {', '.join(map(str, A_MN_MAJOR_WIDTHS))}>;\n\n"
         "// K of one wgmma instruction for an operand element type.\n"
         "template <typename Element>\n"
         "inline constexpr int kWgmmaK = sizeof(Element) == 1 ? 32 : 16;\n\n"
@@ -86,6 +92,9 @@ def generate():
         "template <int N, typename Element>\n"
         "__device__ void wgmma_ss_mn_major(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,\n"
         "                                  int accumulate);\n"
+        "template <int N, typename Element>\n"
+        "__device__ void wgmma_ss_a_mn_major(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,\n"
+        "                                    int accumulate);\n"
         "template <int N, typename Element>\n"
         "__device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,\n"
         "                         int accumulate);\n\n"
@@ -96,6 +105,8 @@ def generate():
             parts.append(wrapper(n, dtype, ptx_type, a_from_registers=True, k=k))
             if n in MN_MAJOR_WIDTHS and k == 16:
                 parts.append(wrapper(n, dtype, ptx_type, a_from_registers=False, mn_major=True))
+            if n in A_MN_MAJOR_WIDTHS and k == 16:
+                parts.append(wrapper(n, dtype, ptx_type, a_from_registers=False, a_mn_major=True))
     parts.append("}  // namespace flashlab::sm90\n")
     return "\n".join(parts)
 

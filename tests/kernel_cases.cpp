@@ -510,6 +510,36 @@ std::vector<KernelCase> backward_varlen_cases(int compute_capability, const Kern
   return cases;
 }
 
+std::vector<KernelCase> backward_query_block_cases(int compute_capability, const Kernels& kernels) {
+  // fa3's 80-row query blocks (head_dim 128, no mask, default mode): one row,
+  // a block less one row, one block, one block and a row, two and a row, a
+  // long ragged batch; kv heads 8, 2, 1 in turn, both 16-bit dtypes; then a
+  // varlen batch (empty sequences, rows without keys) and packed-qkv.
+  const std::vector<SeqlenPair> seqlens = {{1, 1}, {79, 113}, {80, 300}, {81, 1023}, {161, 257}, {1023, 300}};
+  const int kv_heads_cycle[] = {8, 2, 1};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels) {
+    for (size_t index = 0; index < seqlens.size(); ++index) {
+      const auto [seqlen_q, seqlen_k] = seqlens[index];
+      ProblemSpec spec = grouped_spec(2, seqlen_q, seqlen_k, index % 2 == 0 ? at::kBFloat16 : at::kHalf);
+      spec.kv_heads = kv_heads_cycle[index % 3];
+      spec.head_dim = 128;
+      add_if_backward_supported(cases, kernel,
+                                std::string(dtype_label(spec.dtype)) + "_d128" + seqlen_label(seqlen_q, seqlen_k) +
+                                    "_kv" + std::to_string(spec.kv_heads),
+                                spec, compute_capability);
+    }
+    ProblemSpec varlen = varlen_spec(varlen_lengths()[1], at::kBFloat16, 2, false);
+    varlen.head_dim = 128;
+    add_if_backward_supported(cases, kernel, "bf16_d128_unequal_kv2", varlen, compute_capability);
+    ProblemSpec packed = grouped_spec(1, 161, 161, at::kHalf);
+    packed.head_dim = 128, packed.kv_heads = 8;
+    packed.layout = Layout::packed_qkv;
+    add_if_backward_supported(cases, kernel, "fp16_d128_q161_k161_kv8_packed", packed, compute_capability);
+  }
+  return cases;
+}
+
 std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kernels& kernels) {
   struct Masked {
     SeqlenPair seqlens;
@@ -621,6 +651,8 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
   const std::vector<Shape> shapes = {
       {"fp16_d64_q113_k203", fp16, 64, 1, 2, 1, 113, 203, false, -1, -1, false, false},
       {"bf16_d128_b2_q7_k113_kv2_causal", bf16, 128, 2, 4, 2, 7, 113, true, -1, -1, false, false},
+      // fa3's 80-row query blocks (dQ transposed): three blocks, the last one row
+      {"fp16_d128_q161_k203_kv2", fp16, 128, 1, 4, 2, 161, 203, false, -1, -1, false, false},
       {"bf16_d64_q203_k113_w17_33_softcap_alibi_sinks", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false, true},
       {"fp16_d128_varlen_causal", fp16, 128, 1, 2, 1, 113, 203, true, -1, -1, true, false},  // lengths below
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},
@@ -757,6 +789,7 @@ const std::vector<CaseMatrix>& case_matrices() {
       {"BackwardHeadDims", backward_head_dim_cases},
       {"BackwardSlidingWindow", backward_window_cases},
       {"BackwardVarlen", backward_varlen_cases},
+      {"BackwardQueryBlocks", backward_query_block_cases},
       {"BackwardMasked", backward_masked_cases},
       {"BackwardDeterminism", backward_determinism_cases},
       {"BackwardSanitizer", backward_sanitizer_cases},

@@ -428,9 +428,9 @@ fa3_wgmma_sm90::KeyBlockCta kernel_cta(const BackwardElementLocation& at, bool c
   return fa3_wgmma_sm90::key_block_cta_at(index, order);
 }
 
-template <int HeadDim>
-void check_backward_layout(bool causal, bool deterministic) {
-  using Tr = typename fa3_wgmma_sm90::DefaultBwdTraits<HeadDim>::type;
+template <class Tr>
+void check_backward_layout_with(bool causal, bool deterministic) {
+  constexpr int HeadDim = Tr::kHeadDim;
   ProblemSpec spec = fa3_backward_spec(2, 4, 2, 300, 257, HeadDim);
   spec.causal = causal;
   const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
@@ -460,14 +460,18 @@ void check_backward_layout(bool causal, bool deterministic) {
       const int dq_n = at.dq.index[0] / 4, slot = at.dq.index[0] % 4;
       const int group = static_cast<int>(at.dq_accum_element / 4 / 32);
       EXPECT_TRUE(query_slots.insert({group, at.dq.index[0] * 32 + at.dq.lane}).second) << row << "," << col;
-      EXPECT_EQ(group / 32 / Tr::kDqSlabs, dq_consumer);
-      EXPECT_EQ(group % 32, dq_n * 4 + dq_warp);
-      const FragmentOrigin origin = fa3_wgmma_sm90::SlabDqOrder<Tr>::origin(group, at.dq.lane);
-      EXPECT_EQ(origin.row + 8 * (slot / 2), row);
-      EXPECT_EQ(origin.col + slot % 2, col);
+      using Order = fa3_wgmma_sm90::SlabDqOrder<Tr>;
+      EXPECT_EQ(group / Order::kGroups / Tr::kDqSlabs, dq_consumer);
+      EXPECT_EQ(group % Order::kGroups, dq_n * 4 + dq_warp);
+      const FragmentOrigin origin = Order::origin(group, at.dq.lane);
+      // Value `slot` of the lane (transposed slabs: dQ^T's, row and column swapped).
+      EXPECT_EQ(origin.row + (Order::kTransposed ? slot % 2 : 8 * (slot / 2)), row);
+      EXPECT_EQ(origin.col + (Order::kTransposed ? 8 * (slot / 2) : slot % 2), col);
+      EXPECT_EQ(at.block_q, Tr::kBlockM);
       EXPECT_EQ(at.dq_accum_element, (group * 32 + at.dq.lane) * 4 + slot);
     }
   EXPECT_EQ(static_cast<int>(key_slots.size()), Tr::kBlockN * HeadDim);
+  EXPECT_EQ(static_cast<int>(query_slots.size()), Tr::kBlockM * HeadDim);
   // The adding key blocks of query row 200's block.
   const BackwardElementLocation at = locate_backward_element(kernel, spec, deterministic, 0, 2, 200, 1);
   const int m0 = 200 / Tr::kBlockM * Tr::kBlockM;
@@ -505,6 +509,20 @@ void check_backward_layout(bool causal, bool deterministic) {
             deterministic && causal ? long_key_blocks - 1 : 0);
   EXPECT_EQ(kernel_cta(long_key, causal, deterministic).pair, 1);
   EXPECT_EQ(long_key.key_block_cta[0], causal && !deterministic ? 1 : deterministic && causal ? long_key_blocks - 1 : 0);
+}
+
+// The tiling the kernel runs: 80-row blocks (dQ transposed) at head_dim 128
+// without a mask in the default mode, else the default.
+template <int HeadDim>
+void check_backward_layout(bool causal, bool deterministic) {
+  if constexpr (HeadDim == 128) {
+    if (!causal && !deterministic) {
+      using Wide = fa3_wgmma_sm90::BwdTraits<128, fa3_wgmma_sm90::kWideBackwardBlockM>;
+      static_assert(Wide::kTransposedDq && Wide::kBlockM == 80);
+      return check_backward_layout_with<Wide>(causal, deterministic);
+    }
+  }
+  check_backward_layout_with<typename fa3_wgmma_sm90::DefaultBwdTraits<HeadDim>::type>(causal, deterministic);
 }
 
 TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {

@@ -26,12 +26,15 @@ __device__ __forceinline__ void issue(Wgmma&& wgmma, float (&d)[kRegisters]) {
 }
 #endif
 
-template <typename Element, int N, bool kMnMajor>
+// kMajors: 0 the K-major forms (ss and rs), 1 both MN-major, 2 A alone MN-major.
+template <typename Element, int N, int kMajors>
 __global__ void assemble_wgmma(uint64_t desc, uint32_t a_value, float* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   float d[N / 2] = {};
-  if constexpr (kMnMajor) {
+  if constexpr (kMajors == 1) {
     issue([&] { flashlab::sm90::wgmma_ss_mn_major<N, Element>(d, desc, desc, 1); }, d);
+  } else if constexpr (kMajors == 2) {
+    issue([&] { flashlab::sm90::wgmma_ss_a_mn_major<N, Element>(d, desc, desc, 1); }, d);
   } else {
     const uint32_t a[4] = {a_value, a_value + 1, a_value + 2, a_value + 3};
     issue([&] { flashlab::sm90::wgmma_ss<N, Element>(d, desc, desc, 1); }, d);
@@ -43,20 +46,23 @@ __global__ void assemble_wgmma(uint64_t desc, uint32_t a_value, float* out) {
 #endif
 }
 
-template <typename Element, bool kMnMajor, int... N>
+template <typename Element, int kMajors, int... N>
 void instantiate(std::integer_sequence<int, N...>) {
-  (static_cast<void>(&assemble_wgmma<Element, N, kMnMajor>), ...);
+  (static_cast<void>(&assemble_wgmma<Element, N, kMajors>), ...);
 }
 
 }  // namespace
 
 // Never called: taking the kernels' addresses instantiates them.
 void instantiate_every_wgmma_wrapper() {
+  using flashlab::sm90::WgmmaAMnMajorWidths;
   using flashlab::sm90::WgmmaMnMajorWidths;
   using flashlab::sm90::WgmmaWidths;
-  instantiate<__half, false>(WgmmaWidths{});
-  instantiate<__nv_bfloat16, false>(WgmmaWidths{});
-  instantiate<__nv_fp8_e4m3, false>(WgmmaWidths{});
-  instantiate<__half, true>(WgmmaMnMajorWidths{});
-  instantiate<__nv_bfloat16, true>(WgmmaMnMajorWidths{});
+  instantiate<__half, 0>(WgmmaWidths{});
+  instantiate<__nv_bfloat16, 0>(WgmmaWidths{});
+  instantiate<__nv_fp8_e4m3, 0>(WgmmaWidths{});
+  instantiate<__half, 1>(WgmmaMnMajorWidths{});
+  instantiate<__nv_bfloat16, 1>(WgmmaMnMajorWidths{});
+  instantiate<__half, 2>(WgmmaAMnMajorWidths{});
+  instantiate<__nv_bfloat16, 2>(WgmmaAMnMajorWidths{});
 }

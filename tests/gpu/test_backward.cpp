@@ -193,6 +193,7 @@ INSTANTIATE_TEST_SUITE_P(BackwardCorrectness, Backward, ::testing::ValuesIn(back
 INSTANTIATE_TEST_SUITE_P(BackwardHeadDims, Backward, ::testing::ValuesIn(backward_head_dim_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(BackwardSlidingWindow, Backward, ::testing::ValuesIn(backward_window_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(BackwardVarlen, Backward, ::testing::ValuesIn(backward_varlen_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(BackwardQueryBlocks, Backward, ::testing::ValuesIn(backward_query_block_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(BackwardScoreModifications, Backward,
                          ::testing::ValuesIn(backward_score_modification_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(AllBackwardKernels, BackwardMasked, ::testing::ValuesIn(backward_masked_cases()), case_name);

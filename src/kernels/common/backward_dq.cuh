@@ -13,7 +13,9 @@
 //   512 contiguous bytes; which tile a group is, is the kernel's (its Order);
 // - backward_convert_dq_kernel<Order>: dq = scale * (sum of the slots) in the
 //   input dtype, back from the kernel's fragment order. Order names the block
-//   (kBlockM, kHeadDim) and where group g's lane `lane` starts (origin).
+//   (kBlockM, kHeadDim) and where group g's lane `lane` starts (origin); an
+//   Order with kTransposed = true holds transposed tiles (fa3_wgmma_sm90's
+//   dQ^T): value i at row + i % 2, column + 8 * (i / 2).
 //
 // The workspace (softmax_d, the slots, their strides) is BackwardWorkspace
 // (fa2_mma_sm80.h), the same for both kernels with their own block_m.
@@ -211,6 +213,8 @@ __device__ __forceinline__ void load_dq_fragment(const float* group, int lane, f
 // fragments stored 4 bytes a lane, half a sector a row: 87 us against FA2's 78
 // at head_dim 128, 16k rows x 16 heads, ncu.)
 inline constexpr int kConvertThreads = 256;
+template <class Order>
+inline constexpr bool kTransposedDqOrder = requires { requires Order::kTransposed; };
 template <class Order, typename Element>
 __global__ void __launch_bounds__(kConvertThreads)
     backward_convert_dq_kernel(const AttentionBackwardParams p, const int slots,
@@ -247,13 +251,22 @@ __global__ void __launch_bounds__(kConvertThreads)
   for (int pass = 0; pass < kPasses; ++pass) {
     const int pair = pass * kConvertThreads + threadIdx.x;
     const int lane = pair % 32;
-    // Value i of the lane: row + 8 * (i / 2), column col + i % 2.
+    // Value i of the lane: row + 8 * (i / 2), column col + i % 2 (transposed:
+    // row + i % 2, column + 8 * (i / 2)).
     const FragmentOrigin origin = Order::origin(pair / 32, lane);
     const int row = origin.row, col = origin.col;
+    if constexpr (kTransposedDqOrder<Order>) {
+      const uint32_t packed[2] = {pack2<Element>(sum[pass][0] * scale, sum[pass][1] * scale),
+                                  pack2<Element>(sum[pass][2] * scale, sum[pass][3] * scale)};
+      const Element* const value = reinterpret_cast<const Element*>(packed);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<uint32_t*>(&tile[(row + 8 * h) * kTileStride + col]) =
-          pack2<Element>(sum[pass][2 * h] * scale, sum[pass][2 * h + 1] * scale);
+      for (int i = 0; i < 4; ++i) tile[(row + i % 2) * kTileStride + col + 8 * (i / 2)] = value[i];
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(&tile[(row + 8 * h) * kTileStride + col]) =
+            pack2<Element>(sum[pass][2 * h] * scale, sum[pass][2 * h + 1] * scale);
+    }
   }
   __syncthreads();
   constexpr int kRowChunks = kD / 8;  // 16-byte chunks a row

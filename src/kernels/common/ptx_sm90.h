@@ -153,6 +153,14 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// Four 8 x 8 16-bit tiles from mma fragments (register r: tile r, row lane /
+// 4, columns 2 (lane % 4), +1) to shared memory transposed: row j of tile
+// r's stored rows is its column j, at the address lane 8 r + j gives.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t address, const uint32_t (&tiles)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
+               "r"(tiles[0]), "r"(tiles[1]), "r"(tiles[2]), "r"(tiles[3])
+               : "memory");
+}
 // Keeps the compiler from moving accesses of accumulator registers across a
 // wgmma wait (the registers change behind its back until then).
 template <int N>

@@ -7,6 +7,8 @@
 //     elements (O += P V), K-major for e4m3 (8-bit wgmma cannot transpose: V^T).
 //   wgmma_ss_mn_major: A and B from shared memory, both MN-major (the backward's
 //     dQ = dS K with dS stored transposed, keys as rows).
+//   wgmma_ss_a_mn_major: A MN-major, B K-major, from shared memory (the backward's
+//     dQ^T = K^T dS^T: K as stored, dS stored query rows first).
 // accumulate = 0 overwrites d. The caller fences, commits and waits.
 #pragma once
 
@@ -23,6 +25,7 @@ namespace flashlab::sm90 {
 // (tests/cpu/wgmma_instantiation_sm90.cu).
 using WgmmaWidths = std::integer_sequence<int, 64, 80, 96, 128, 176, 192, 256>;
 using WgmmaMnMajorWidths = std::integer_sequence<int, 64>;
+using WgmmaAMnMajorWidths = std::integer_sequence<int, 80>;
 
 // K of one wgmma instruction for an operand element type.
 template <typename Element>
@@ -33,6 +36,9 @@ __device__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, in
 template <int N, typename Element>
 __device__ void wgmma_ss_mn_major(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                   int accumulate);
+template <int N, typename Element>
+__device__ void wgmma_ss_a_mn_major(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                    int accumulate);
 template <int N, typename Element>
 __device__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
                          int accumulate);
@@ -139,6 +145,16 @@ __device__ __forceinline__ void wgmma_rs<80, __half>(float (&d)[40], const uint3
 }
 
 template <>
+__device__ __forceinline__ void wgmma_ss_a_mn_major<80, __half>(float (&d)[40], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
 __device__ __forceinline__ void wgmma_ss<80, __nv_bfloat16>(float (&d)[40], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
@@ -156,6 +172,16 @@ __device__ __forceinline__ void wgmma_rs<80, __nv_bfloat16>(float (&d)[40], cons
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, %44, p, 1, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss_a_mn_major<80, __nv_bfloat16>(float (&d)[40], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 template <>

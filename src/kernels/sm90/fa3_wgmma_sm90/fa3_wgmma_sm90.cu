@@ -238,8 +238,10 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params) {
 TileShape backward_tile_shape(const AttentionBackwardParams& params) {
   TileShape shape;
   FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim, [&] {
-    using Tr = typename DefaultBwdTraits<kHeadDim>::type;
-    shape = {Tr::kBlockM, Tr::kBlockN};
+    with_bwd_traits<kHeadDim>(params, [&](auto traits) {
+      using Tr = decltype(traits);
+      shape = {Tr::kBlockM, Tr::kBlockN};
+    });
   });
   return shape;
 }

@@ -186,9 +186,13 @@ inline constexpr size_t kFp8VtOffset = 256;
 //   the block's 64 keys, one computes S^T and the other dP^T, they swap them
 //   through shared memory, and each accumulates dK / dV / dQ of half the
 //   columns.
-// dQ leaves a query block in 64 x 64 float32 slabs (deterministic mode: one
-// semaphore each): how many a block of block_m rows has.
-FLASHLAB_HOST_DEVICE constexpr int dq_block_slabs(int block_m, int head_dim) { return block_m * head_dim / (64 * 64); }
+// dQ leaves a query block in float32 slabs (deterministic mode: one semaphore
+// each): 64 x 64, or block_m x 64 where the block's rows are no multiple of 64
+// (dQ^T per consumer: its 64 columns x every row of the block). How many a
+// block of block_m rows has.
+FLASHLAB_HOST_DEVICE constexpr int dq_block_slabs(int block_m, int head_dim) {
+  return block_m % 64 == 0 ? block_m * head_dim / (64 * 64) : head_dim / 64;
+}
 
 template <int HeadDim, int BlockM, int Stages = 2, bool SplitsHeadDim = false>
 struct BwdTraits {
@@ -205,7 +209,7 @@ struct BwdTraits {
   static constexpr int kPanels = HeadDim / 64;  // 64-element (128-byte) column panels
   static constexpr int kQTileBytes = BlockM * HeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * HeadDim * 2;
-  static constexpr int kDsTileBytes = kBlockN * BlockM * 2;  // dS^T: keys as rows
+  static constexpr int kDsTileBytes = kBlockN * BlockM * 2;
   // A consumer's keys (rows of its dK / dV) and dK / dV columns.
   static constexpr int kConsumerKeys = SplitsHeadDim ? kBlockN : kBlockN / kConsumers;
   static constexpr int kKeyGradColumns = SplitsHeadDim ? HeadDim / kConsumers : HeadDim;
@@ -213,10 +217,17 @@ struct BwdTraits {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters =
       (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * kConsumers) / 8 * 8;
-  // dQ goes out in 64 x 64 slabs, kDqSlabs per consumer a step: split along
-  // the head dim when the block has 64 rows, along the rows when it has 128.
-  static constexpr bool kDqSplitsColumns = BlockM == 64;
-  static constexpr int kDqSlabFloats = 64 * 64;
+  // dQ = dS K needs 64-row wgmma tiles: with 80-row blocks (FA3's at head_dim
+  // 128 without a mask) each consumer computes dQ^T = K^T dS^T of its 64
+  // columns instead (kTransposedDq), and dS is stored query rows first, keys
+  // contiguous (stmatrix.trans), the K-major B of that GEMM. Otherwise dS^T is
+  // stored keys as rows, the MN-major A of dQ = dS K.
+  static constexpr bool kTransposedDq = BlockM % 64 != 0;
+  // dQ goes out in slabs, kDqSlabs per consumer a step: 64 x 64 split along
+  // the head dim when the block has 64 rows, along the rows when it has 128;
+  // transposed, one block_m x 64 slab a consumer.
+  static constexpr bool kDqSplitsColumns = BlockM != 128;
+  static constexpr int kDqSlabFloats = kTransposedDq ? BlockM * 64 : 64 * 64;
   static constexpr int kDqBlockSlabs = dq_block_slabs(BlockM, HeadDim);
   static constexpr int kDqSlabs = kDqBlockSlabs / kConsumers;
   // Named barriers (0 is __syncthreads): both consumers' dS stored; consumer
@@ -254,10 +265,12 @@ struct BwdTraits {
   static constexpr int kBarriers = 1 + 4 * Stages;  // BwdBarriers: kv full; q, do full/empty a stage
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
-  static_assert(HeadDim % 64 == 0 && BlockM % 64 == 0 && BlockM <= 128, "whole panels");
+  static_assert(HeadDim % 64 == 0 && BlockM % 16 == 0 && BlockM <= 128, "whole panels, whole k16 steps");
+  static_assert(BlockM % 64 == 0 || (HeadDim == 64 * kConsumers && !SplitsHeadDim),
+                "a transposed dQ: 64 columns a consumer");
   static_assert(!SplitsHeadDim || (BlockM == 64 && HeadDim % 128 == 0), "split: 64-row blocks, whole panels a half");
   static_assert(kConsumerRegisters == 240, "two consumers at 240 registers");
-  static_assert(kDqBlockSlabs * kDqSlabFloats == BlockM * HeadDim, "64 x 64 dQ slabs tile the block");
+  static_assert(kDqBlockSlabs * kDqSlabFloats == BlockM * HeadDim, "the dQ slabs tile the block");
   static_assert(!SplitsHeadDim || kSwapBytes == kDqSlabBytes, "a swap buffer holds one dQ slab");
 };
 
@@ -267,17 +280,41 @@ template <int HeadDim>
 struct DefaultBwdTraits {
   using type = BwdTraits<HeadDim, (HeadDim <= 64 ? 128 : 64), 2, (HeadDim > 128)>;
 };
+// FA3's head_dim 128 tile without a mask: 80 query rows a step (dQ
+// transposed), where the walks are whole (no causal or window bound, so no
+// partly masked 80-row blocks), in the default mode and without softcap or
+// ALiBi (those keep 64 rows: their instantiations would double).
+inline constexpr int kWideBackwardBlockM = 80;
+inline bool backward_uses_wide_query_blocks(const AttentionBackwardParams& p) {
+  return p.head_dim == 128 && !p.deterministic && p.window_left < 0 && p.window_right < 0 &&
+         !p.modification.per_element();
+}
+// Calls f with the backward tiling of this problem (a BwdTraits value, a tag):
+// the one choice the launch, the workspace, backward_tile_shape and --locate share.
+template <int HeadDim, class F>
+decltype(auto) with_bwd_traits(const AttentionBackwardParams& params, F&& f) {
+  if constexpr (HeadDim == 128) {
+    if (backward_uses_wide_query_blocks(params)) return f(BwdTraits<HeadDim, kWideBackwardBlockM>{});
+  }
+  return f(typename DefaultBwdTraits<HeadDim>::type{});
+}
 
-// The accumulator's fragment order (backward_dq.cuh): block = slabs of
-// 64 x 64 (consumer w's are w * kDqSlabs ..); group g of a slab = (n8 column tile
-// g / 4, warp g % 4): the 32 registers of a wgmma m64n64 accumulator, four at
-// a time, each warp's four values of one column tile together (512 bytes).
+// The accumulator's fragment order (backward_dq.cuh): a block is kDqBlockSlabs
+// slabs (consumer w's are w * kDqSlabs ..), a slab kGroups groups of 128
+// floats; group g of a slab = (n8 tile g / 4, warp g % 4): a wgmma
+// accumulator's registers, four at a time, each warp's four values of one
+// 8-column tile together (512 bytes). 64 x 64 slabs: n8 tiles of columns;
+// transposed (dQ^T slabs, kTransposed): n8 tiles of rows, the warp's 16
+// columns, value i of a lane at row + i % 2, column + 8 (i / 2).
 template <class Tr>
 struct SlabDqOrder {
   static constexpr int kBlockM = Tr::kBlockM;
   static constexpr int kHeadDim = Tr::kHeadDim;
+  static constexpr bool kTransposed = Tr::kTransposedDq;
+  static constexpr int kGroups = Tr::kDqSlabFloats / 128;  // a slab's
   FLASHLAB_HOST_DEVICE static FragmentOrigin origin(int group, int lane) {
-    const int slab = group / 32, n = group / 4 % 8, warp = group % 4;
+    const int slab = group / kGroups, n = group % kGroups / 4, warp = group % 4;
+    if constexpr (kTransposed) return {n * 8 + (lane % 4) * 2, slab * 64 + warp * 16 + lane / 4};
     const int row0 = Tr::kDqSplitsColumns ? 0 : slab * 64;
     const int col0 = Tr::kDqSplitsColumns ? slab * 64 : 0;
     return {row0 + warp * 16 + lane / 4, col0 + n * 8 + (lane % 4) * 2};

@@ -33,17 +33,24 @@
 //      and each accumulates dK / dV of half the head dim.
 //    dQ goes out in 64 x 64 slabs (64 query rows x 64 columns at head_dim
 //    128 and 256: one a consumer at 128, two in turn at 256; head_dim 64:
-//    half the 128 query rows x all columns), added to the float32 accumulator with red.global.add.v4.f32
+//    half the 128 query rows x all columns; 80-row blocks: dQ^T, 64 columns x
+//    80 rows a consumer), added to the float32 accumulator with red.global.add.v4.f32
 //    from registers, in wgmma fragment order (SlabDqOrder). dS has two shared
 //    buffers, so one named barrier a step orders both consumers' dS stores
 //    before either reads the other's. dK * scale and dV go out from registers.
 // 3. convert: dq = scale * accumulator in the input dtype.
 //
-// Tiling (BwdTraits): 128 keys per CTA and query blocks of 64 rows at head_dim
-// 128, 128 rows at 64 (FA3's sm90 tiles), Q/dO rings of 2 stages: shared
-// memory K + V + 2 x (Q + dO) + 2 x dS = 160 KB at both head dims. head_dim
-// 256: 64 keys x 64 query rows, 2 Q stages and 1 dO stage, 2 x 16 KB swap
-// buffers: 210 KB.
+// Tiling (BwdTraits, chosen per problem by with_bwd_traits): 128 keys per CTA
+// and query blocks of 64 rows at head_dim 128, 128 rows at 64 (FA3's sm90
+// tiles), Q/dO rings of 2 stages: shared memory K + V + 2 x (Q + dO) + 2 x dS
+// = 160 KB at both head dims. At head_dim 128 without a mask (default mode,
+// no softcap or ALiBi) 80 rows, FA3's tile there: 25% more GEMM a step for
+// the same K/V reads (S^T and dP^T m64n80, dV / dK five k16 steps); 80 is
+// no multiple of wgmma's 64 rows, so each consumer computes dQ^T = K^T dS^T
+// of its 64 columns (m64n80, A = K MN-major, B = dS stored query rows first
+// by stmatrix.trans) and adds it as an 80 x 64 slab in transposed fragment
+// order: 184 KB. head_dim 256: 64 keys x 64 query rows, 2 Q stages and 1 dO
+// stage, 2 x 16 KB swap buffers: 210 KB.
 //
 // Limits: fp16 / bf16, head_dim 64, 128 and 256 (BackwardHeadDims; others run
 // at a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
@@ -435,21 +442,23 @@ __device__ __forceinline__ void modified_probabilities_and_gradients(
     gradients([&](float s, int, int) { return modifier.softcap_gradient_factor_of(s); });
 }
 
-// A consumer's 64 x 64 dQ slab (an m64n64 accumulator) in the accumulator's
-// fragment order (SlabDqOrder): float4 n of thread (warp, lane) at group
-// n * 4 + warp. Straight from registers: 16-byte reductions, 512 contiguous
-// bytes a warp. (Through the writer warp's bulk reduce-add instead: 0.99-1.02x
-// the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
-__device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, const float (&acc_dq)[32]) {
+// A consumer's dQ slab (an m64n64 accumulator, or m64nBlockM for dQ^T) in the
+// accumulator's fragment order (SlabDqOrder): float4 n of thread (warp, lane)
+// at group n * 4 + warp. Straight from registers: 16-byte reductions, 512
+// contiguous bytes a warp. (Through the writer warp's bulk reduce-add instead:
+// 0.99-1.02x the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
+template <int kValues>
+__device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, const float (&acc_dq)[kValues]) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < kValues / 4; ++n)
     sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
                         acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
 }
 // The same slab into shared memory, for the writer warp (deterministic mode).
-__device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane, const float (&acc_dq)[32]) {
+template <int kValues>
+__device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane, const float (&acc_dq)[kValues]) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < kValues / 4; ++n)
     *reinterpret_cast<float4*>(staged + ((n * 4 + warp) * 32 + lane) * 4) =
         make_float4(acc_dq[n * 4], acc_dq[n * 4 + 1], acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
 }
@@ -462,7 +471,7 @@ template <class Tr, bool kDeterministic>
 __device__ __forceinline__ void dq_slab_out(const AttentionBackwardParams& p, const BackwardSequenceView& view,
                                             unsigned char* smem, int n_block, int batch, int head, int m0, int slab,
                                             bool staging_busy, int consumer, int warp, int lane,
-                                            const float (&acc_dq)[32]) {
+                                            const float (&acc_dq)[Tr::kDqSlabFloats / 128]) {
   static_cast<void>(n_block), static_cast<void>(batch);  // the cuda-gdb stop's condition names them
   // cuda-gdb: this step's dQ slab `slab` of query block m0 / kBM, head `head` (fa3_wgmma_sm90_bwd_locate.cpp).
   if constexpr (kDeterministic) {
@@ -571,7 +580,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
 
   float acc_s[kBM / 2], acc_dp[kBM / 2];
   uint32_t p_frag[kBM / 16][4], ds_frag[kBM / 16][4];
-  float acc_dq[32];
+  float acc_dq[Tr::kDqSlabFloats / 128];
   float acc_dk[kGradColumns / 2], acc_dv[kGradColumns / 2];
 
   // S^T = K Q^T (or dP^T = V dO^T): 64 keys (this consumer's) x kBM queries.
@@ -603,7 +612,9 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   };
   // dQ slab slab_in_consumer of this consumer's (kDqSlabs: 2 at the head dim
   // split, along the columns) = dS K: A = dS^T buffer (keys as rows,
-  // MN-major), B = K (MN-major).
+  // MN-major), B = K (MN-major). Transposed (kTransposedDq): dQ^T of the
+  // consumer's 64 columns = K^T dS^T: A = K's column panel (MN-major), B = dS
+  // (query rows, 64-key panels: K-major).
   static_assert(Tr::kDqSplitsColumns || Tr::kDqSlabs == 1, "several slabs a consumer lie along the columns");
   const int dq_query_panel = Tr::kDqSplitsColumns ? 0 : consumer;  // of the consumer's first slab
   const int dq_column_panel = Tr::kDqSplitsColumns ? consumer * Tr::kDqSlabs : 0;
@@ -613,28 +624,49 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     sm90::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      const uint64_t desc_ds = sm90::make_smem_descriptor_sw128(
-          ds_tile + query_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
       const uint64_t desc_k = sm90::make_smem_descriptor_sw128(
           k_address + column_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
-      sm90::wgmma_ss_mn_major<64, Element>(acc_dq, desc_ds, desc_k, kk > 0);
+      if constexpr (Tr::kTransposedDq) {
+        static_cast<void>(query_panel);
+        const uint64_t desc_ds =
+            sm90::make_smem_descriptor_sw128(ds_tile + (kk / 4) * kBM * 128 + (kk % 4) * 32, 16, 1024);
+        sm90::wgmma_ss_a_mn_major<kBM, Element>(acc_dq, desc_k, desc_ds, kk > 0);
+      } else {
+        const uint64_t desc_ds = sm90::make_smem_descriptor_sw128(
+            ds_tile + query_panel * kBN * 128 + kk * 16 * 128, kBN * 128, 1024);
+        sm90::wgmma_ss_mn_major<64, Element>(acc_dq, desc_ds, desc_k, kk > 0);
+      }
     }
     sm90::wgmma_commit();
   };
   // dS^T into a buffer: row = key, 64-query panels of 128-byte swizzled rows.
   // Head dim split: both consumers hold all of dS^T, each stores half the columns.
+  // Transposed dQ: dS, row = query, the consumer's 64 keys its panel of
+  // 128-byte swizzled rows; stmatrix.trans turns each 8 x 8 fragment tile
+  // (keys x queries) into 8 query rows of 8 keys (16 bytes, one chunk each).
   const auto store_ds = [&](unsigned char* ds_tile) {
+    if constexpr (Tr::kTransposedDq) {
+      const uint32_t panel = sm90::smem_address(ds_tile) + consumer * kBM * 128;
+      const int tile = lane / 8, row = lane % 8;  // this lane's address: tile `tile`'s stored row `row`
 #pragma unroll
-    for (int n = 0; n < kBM / 8; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        if (kSplit && n / (kBM / 16) != consumer) continue;  // (n static: ds_frag stays in registers)
-        const int key = key_row0 + h * 8;
-        const int query = n * 8 + quad_col * 2;
-        const int chunk = (query % 64) / 8 ^ (key % 8);
-        *reinterpret_cast<uint32_t*>(ds_tile + (query / 64) * kBN * 128 + key * 128 + chunk * 16 +
-                                     (query % 8) * 2) = ds_frag[n / 2][(n % 2) * 2 + h];
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        const int query = kk * 16 + (tile / 2) * 8 + row;  // query % 8 == row
+        const int chunk = (2 * warp + tile % 2) ^ row;
+        sm90::stmatrix_x4_trans(panel + query * 128 + chunk * 16, ds_frag[kk]);
       }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kBM / 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (kSplit && n / (kBM / 16) != consumer) continue;  // (n static: ds_frag stays in registers)
+          const int key = key_row0 + h * 8;
+          const int query = n * 8 + quad_col * 2;
+          const int chunk = (query % 64) / 8 ^ (key % 8);
+          *reinterpret_cast<uint32_t*>(ds_tile + (query / 64) * kBN * 128 + key * 128 + chunk * 16 +
+                                       (query % 8) * 2) = ds_frag[n / 2][(n % 2) * 2 + h];
+        }
+    }
   };
   // Every consumer thread arrives, after its reads of the stage (BwdBarriers).
   const auto release = [&](uint64_t* barrier) { sm90::mbarrier_arrive(barrier); };
@@ -860,12 +892,17 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
-    auto kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true> : fa3_backward_kernel<Tr, Element, false>;
-    // The head dim split takes no softcap or ALiBi (backward_unsupported_reason).
-    if constexpr (!Tr::kSplitsHeadDim)
-      if (modified)
-        kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true, true>
-                                 : fa3_backward_kernel<Tr, Element, false, true>;
+    auto kernel = fa3_backward_kernel<Tr, Element, false>;
+    // The transposed dQ tiling runs the default mode alone, unmodified
+    // (backward_uses_wide_query_blocks); the head dim split takes no softcap or
+    // ALiBi (backward_unsupported_reason).
+    if constexpr (!Tr::kTransposedDq) {
+      if (p.deterministic) kernel = fa3_backward_kernel<Tr, Element, true>;
+      if constexpr (!Tr::kSplitsHeadDim)
+        if (modified)
+          kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true, true>
+                                   : fa3_backward_kernel<Tr, Element, false, true>;
+    }
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
     const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.kv_heads, p.batch);
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
@@ -882,8 +919,10 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
 template <int HeadDim>
 void launch_backward_at(const AttentionBackwardParams& params) {
   if constexpr (BackwardHeadDims::contains(HeadDim)) {
-    using Tr = typename DefaultBwdTraits<HeadDim>::type;
-    FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] { launch_backward_typed<Tr, Element>(params); });
+    with_bwd_traits<HeadDim>(params, [&](auto traits) {
+      using Tr = decltype(traits);
+      FLASHLAB_FP16_BF16_SWITCH(params.dtype, Element, [&] { launch_backward_typed<Tr, Element>(params); });
+    });
   }
 }
 

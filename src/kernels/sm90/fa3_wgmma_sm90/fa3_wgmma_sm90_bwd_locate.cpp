@@ -16,7 +16,10 @@
 //   (common/mma_accumulator_layout.h), dK unscaled.
 //   dQ: the query block's 64 x 64 slabs (SlabDqOrder), kDqSlabs a consumer
 //   in turn: acc_dq[n * 4 + slot] of thread (warp, lane) goes to accumulator
-//   group slab * 32 + n * 4 + warp, float (group * 32 + lane) * 4 + slot.
+//   group slab * 32 + n * 4 + warp, float (group * 32 + lane) * 4 + slot. The
+//   80-row tiling (head_dim 128 without a mask, default mode) computes dQ^T:
+//   consumer w's slab is columns 64 w.. of all 80 rows, its accumulator's rows
+//   the columns and its columns the rows (40 groups a slab).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -156,15 +159,20 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   const int slab = Tr::kDqSplitsColumns ? col / 64 : in_block / 64;
   const FragmentOrigin slab_origin{Tr::kDqSplitsColumns ? 0 : slab * 64, Tr::kDqSplitsColumns ? slab * 64 : 0};
   const int r = in_block - slab_origin.row, c = col - slab_origin.col;
-  const int warp = r / 16, n = c / 8;
+  // The accumulator's row and column: dQ^T's (column, row) where transposed.
+  const int acc_row = Tr::kTransposedDq ? c : r, acc_col = Tr::kTransposedDq ? r : c;
+  const int warp = acc_row / 16, n = acc_col / 8;
   const int dq_consumer = slab / Tr::kDqSlabs;
-  const AccumulatorPosition position = accumulator_position(r % 16, c % 8);
+  const AccumulatorPosition position = accumulator_position(acc_row % 16, acc_col % 8);
   location.dq = consumer_slot(dq_consumer, warp, position.lane, "acc_dq", n * 4 + position.slot);
-  const int fragment_group = slab * 32 + n * 4 + warp;
+  const int fragment_group = slab * SlabDqOrder<Tr>::kGroups + n * 4 + warp;
   location.dq_accum_element = static_cast<int64_t>(m0) * params.head_dim + (fragment_group * 32 + position.lane) * 4 +
                               position.slot;
   location.dq_note =
-      "float32, this step's slab of the query block (unscaled: dq = softmax_scale * the sum); " +
+      "float32, this step's " + std::string(Tr::kTransposedDq ? "dQ^T slab (its 64 columns x the block's " +
+                                                                       std::to_string(Tr::kBlockM) + " rows)"
+                                                                 : "slab") +
+      " of the query block (unscaled: dq = softmax_scale * the sum); " +
       std::string(params.deterministic
                       ? "staged in shared memory and added by the slab's writer warp (threads " +
                             std::to_string(32 * (1 + dq_consumer)) + ".." + std::to_string(32 * (2 + dq_consumer) - 1) +
@@ -199,7 +207,9 @@ BackwardElementLocation locate_backward(const AttentionBackwardParams& params, i
   location.keys_unavailable = location.queries_unavailable =
       "fa3_wgmma_sm90 has no backward tiling for head_dim " + std::to_string(params.head_dim);
   FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim, [&] {
-    location = locate_backward_with<typename DefaultBwdTraits<kHeadDim>::type>(params, batch, head, row, col);
+    with_bwd_traits<kHeadDim>(params, [&](auto traits) {
+      location = locate_backward_with<decltype(traits)>(params, batch, head, row, col);
+    });
   });
   return location;
 }

@@ -219,7 +219,7 @@ struct BwdTraits {
       (kLaunchRegisters * kThreads - kProducerRegisters * 128) / (128 * kConsumers) / 8 * 8;
   // dQ = dS K needs 64-row wgmma tiles: with 80-row blocks (FA3's at head_dim
   // 128 without a mask) each consumer computes dQ^T = K^T dS^T of its 64
-  // columns instead (kTransposedDq), and dS is stored query rows first, keys
+  // columns instead (kTransposedDq), and dS is stored a row per query, keys
   // contiguous (stmatrix.trans), the K-major B of that GEMM. Otherwise dS^T is
   // stored keys as rows, the MN-major A of dQ = dS K.
   static constexpr bool kTransposedDq = BlockM % 64 != 0;

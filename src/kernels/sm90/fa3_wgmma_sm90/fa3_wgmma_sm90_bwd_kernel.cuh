@@ -22,7 +22,8 @@
 //      dS^T = P^T * (dP^T - D)
 //      dV  += P^T dO,  dK += dS^T Q                 (wgmma RS, dO / Q MN-major)
 //      dQ   = dS K                                  (wgmma SS, both MN-major: dS^T is stored
-//                                                    to shared memory keys-as-rows)
+//                                                    to shared memory keys-as-rows; 80-row
+//                                                    blocks: dQ^T = K^T dS^T, below)
 //    Two layouts of the consumers (BwdTraits):
 //    - keys split (head_dim 64, 128): 128 keys a CTA, each consumer owns 64
 //      of them and computes both GEMMs of its keys' scores;
@@ -47,9 +48,9 @@
 // no softcap or ALiBi) 80 rows, FA3's tile there: 25% more GEMM a step for
 // the same K/V reads (S^T and dP^T m64n80, dV / dK five k16 steps); 80 is
 // no multiple of wgmma's 64 rows, so each consumer computes dQ^T = K^T dS^T
-// of its 64 columns (m64n80, A = K MN-major, B = dS stored query rows first
+// of its 64 columns (m64n80, A = K MN-major, B = dS stored a row per query, keys contiguous,
 // by stmatrix.trans) and adds it as an 80 x 64 slab in transposed fragment
-// order: 184 KB. head_dim 256: 64 keys x 64 query rows, 2 Q stages and 1 dO
+// order: K + V + rings + dS = 184 KB. head_dim 256: 64 keys x 64 query rows, 2 Q stages and 1 dO
 // stage, 2 x 16 KB swap buffers: 210 KB.
 //
 // Limits: fp16 / bf16, head_dim 64, 128 and 256 (BackwardHeadDims; others run

@@ -1,6 +1,6 @@
 // fa3_wgmma_sm90's backward: where dK/dV of a key row and dQ of a query row
 // live while fa3_backward_kernel runs (fa3_wgmma_sm90_bwd_kernel.cuh), for the
-// default backward tiling of the head dim (KernelVariant::backward_locate).
+// backward tiling with_bwd_traits picks for the problem (KernelVariant::backward_locate).
 // Host only, layout arithmetic:
 //
 //   grid (key blocks of the longest sequence, kv heads, batch); the CTA of

@@ -249,8 +249,10 @@ TEST(SanitizerCases, CoverEveryBackwardAtHeadDims64And128AndItsDeterministicMode
   }
   EXPECT_GT(kernels, 0) << "no registered kernel has a backward pass";
   // A backward run costs about two or three forward runs under each tool
-  // (20 since session 29: the head_dim 256 case of fa2 and fa3, tiny).
-  EXPECT_LE(cases.size(), 20u) << "backward sanitizer runs per tool";
+  // (20 since session 29: the head_dim 256 case of fa2 and fa3, tiny; 23 since
+  // session 37: fa3's 80-row query blocks, on every kernel; run_sanitizer.sh's
+  // backward budget rose with it).
+  EXPECT_LE(cases.size(), 23u) << "backward sanitizer runs per tool";
   for (const auto& kernel_case : cases) {
     EXPECT_LE(score_elements(kernel_case.spec), 1 << 17) << kernel_case.name << " is not tiny";
   }

@@ -608,6 +608,13 @@ std::vector<KernelCase> backward_determinism_cases(int compute_capability, const
     wide.head_dim = 256;
     add_if_backward_supported(cases, kernel, "bf16_d256_q257_k1023_kv2_causal_runs50", wide, compute_capability,
                               /*runs=*/50);
+    // head_dim 128 without a mask: fa3's 80-row blocks (two 80 x 64 dQ^T slabs
+    // a block, staged for the writers), rotated walks (8 key blocks over 13
+    // query blocks), the last block one row.
+    ProblemSpec rows80 = grouped_spec(2, 961, 1023, at::kBFloat16);
+    rows80.head_dim = 128;
+    add_if_backward_supported(cases, kernel, "bf16_d128_q961_k1023_kv2_runs20", rows80, compute_capability,
+                              /*runs=*/20);
     // Stress: batch 60 fills the GPU many times over, so blocks finish in
     // every order.
     // (513: a ragged last tile; the reference's float32 scores stay at 0.5 GB.)

@@ -516,7 +516,7 @@ void check_backward_layout_with(bool causal, bool deterministic) {
 template <int HeadDim>
 void check_backward_layout(bool causal, bool deterministic) {
   if constexpr (HeadDim == 128) {
-    if (!causal && !deterministic) {
+    if (!causal) {
       using Wide = fa3_wgmma_sm90::BwdTraits<128, fa3_wgmma_sm90::kWideBackwardBlockM>;
       static_assert(Wide::kTransposedDq && Wide::kBlockM == 80);
       return check_backward_layout_with<Wide>(causal, deterministic);

@@ -282,12 +282,11 @@ struct DefaultBwdTraits {
 };
 // FA3's head_dim 128 tile without a mask: 80 query rows a step (dQ
 // transposed), where the walks are whole (no causal or window bound, so no
-// partly masked 80-row blocks), in the default mode and without softcap or
-// ALiBi (those keep 64 rows: their instantiations would double).
+// partly masked 80-row blocks), in both modes, without softcap or ALiBi
+// (those keep 64 rows: their instantiations would double).
 inline constexpr int kWideBackwardBlockM = 80;
 inline bool backward_uses_wide_query_blocks(const AttentionBackwardParams& p) {
-  return p.head_dim == 128 && !p.deterministic && p.window_left < 0 && p.window_right < 0 &&
-         !p.modification.per_element();
+  return p.head_dim == 128 && p.window_left < 0 && p.window_right < 0 && !p.modification.per_element();
 }
 // Calls f with the backward tiling of this problem (a BwdTraits value, a tag):
 // the one choice the launch, the workspace, backward_tile_shape and --locate share.

@@ -44,7 +44,7 @@
 // Tiling (BwdTraits, chosen per problem by with_bwd_traits): 128 keys per CTA
 // and query blocks of 64 rows at head_dim 128, 128 rows at 64 (FA3's sm90
 // tiles), Q/dO rings of 2 stages: shared memory K + V + 2 x (Q + dO) + 2 x dS
-// = 160 KB at both head dims. At head_dim 128 without a mask (default mode,
+// = 160 KB at both head dims. At head_dim 128 without a mask (either mode,
 // no softcap or ALiBi) 80 rows, FA3's tile there: 25% more GEMM a step for
 // the same K/V reads (S^T and dP^T m64n80, dV / dK five k16 steps); 80 is
 // no multiple of wgmma's 64 rows, so each consumer computes dQ^T = K^T dS^T
@@ -893,12 +893,10 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
-    auto kernel = fa3_backward_kernel<Tr, Element, false>;
-    // The transposed dQ tiling runs the default mode alone, unmodified
-    // (backward_uses_wide_query_blocks); the head dim split takes no softcap or
-    // ALiBi (backward_unsupported_reason).
+    auto kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true> : fa3_backward_kernel<Tr, Element, false>;
+    // The transposed dQ tiling runs unmodified (backward_uses_wide_query_blocks);
+    // the head dim split takes no softcap or ALiBi (backward_unsupported_reason).
     if constexpr (!Tr::kTransposedDq) {
-      if (p.deterministic) kernel = fa3_backward_kernel<Tr, Element, true>;
       if constexpr (!Tr::kSplitsHeadDim)
         if (modified)
           kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true, true>

@@ -540,6 +540,33 @@ std::vector<KernelCase> backward_query_block_cases(int compute_capability, const
   return cases;
 }
 
+std::vector<KernelCase> backward_persistent_grid_cases(int compute_capability, const Kernels& kernels) {
+  // More tiles (key blocks x kv heads x batch) than an H100 or H200 has SMs
+  // (132), without a mask: fa3's persistent backward grid, where CTAs walk
+  // two tiles back to back (the second's K/V loaded once the first's are
+  // released). 144 tiles at each head dim's key block (128 keys; 64 at 256),
+  // GQA, odd query rows.
+  struct Shape {
+    int batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
+    at::ScalarType dtype;
+  };
+  const Shape shapes[] = {{4, 16, 4, 113, 1100, 128, at::kBFloat16},
+                          {2, 8, 8, 301, 1100, 64, at::kHalf},
+                          {1, 16, 8, 77, 1100, 256, at::kBFloat16}};
+  std::vector<KernelCase> cases;
+  for (const auto& kernel : kernels)
+    for (const Shape& shape : shapes) {
+      ProblemSpec spec = grouped_spec(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.dtype);
+      spec.heads = shape.heads, spec.kv_heads = shape.kv_heads, spec.head_dim = shape.head_dim;
+      add_if_backward_supported(cases, kernel,
+                                std::string(dtype_label(spec.dtype)) + "_d" + std::to_string(shape.head_dim) +
+                                    seqlen_label(shape.seqlen_q, shape.seqlen_k) + "_b" + std::to_string(shape.batch) +
+                                    "_kv" + std::to_string(shape.kv_heads),
+                                spec, compute_capability);
+    }
+  return cases;
+}
+
 std::vector<KernelCase> backward_masked_cases(int compute_capability, const Kernels& kernels) {
   struct Masked {
     SeqlenPair seqlens;
@@ -797,6 +824,7 @@ const std::vector<CaseMatrix>& case_matrices() {
       {"BackwardSlidingWindow", backward_window_cases},
       {"BackwardVarlen", backward_varlen_cases},
       {"BackwardQueryBlocks", backward_query_block_cases},
+      {"BackwardPersistentGrid", backward_persistent_grid_cases},
       {"BackwardMasked", backward_masked_cases},
       {"BackwardDeterminism", backward_determinism_cases},
       {"BackwardSanitizer", backward_sanitizer_cases},

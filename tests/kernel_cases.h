@@ -90,6 +90,8 @@ std::vector<KernelCase> backward_window_cases(int compute_capability = 0, const 
 std::vector<KernelCase> backward_varlen_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 // head_dim 128 without a mask, query lengths around fa3's 80-row blocks
 std::vector<KernelCase> backward_query_block_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
+std::vector<KernelCase> backward_persistent_grid_cases(int compute_capability = 0,
+                                                       const Kernels& kernels = registered_kernels());
 // rows that see no key (gradient 0, never NaN) and keys that no row sees
 std::vector<KernelCase> backward_masked_cases(int compute_capability = 0, const Kernels& kernels = registered_kernels());
 // bitwise determinism: one case per 16-bit dtype (50 runs) and a batch-60

@@ -226,7 +226,8 @@ std::string format_backward_location(const KernelVariant& kernel, const ProblemS
     text << "dk/dv" << element << kv_head << "," << column << "]: " << location.keys_unavailable << "\n";
   } else {
     text << "dk/dv" << element << kv_head << "," << column << "]: key block " << location.key_block << ", block "
-         << triple(location.key_block_cta) << "\n"
+         << triple(location.key_block_cta)
+         << (location.key_block_tile >= 0 ? " (tile " + std::to_string(location.key_block_tile) + ")" : "") << "\n"
          << "         dk: " << slot_text(location.dk) << "\n"
          << "         dv: " << slot_text(location.dv) << "\n"
          << "         " << location.key_note << "\n"

@@ -417,15 +417,18 @@ ProblemSpec fa3_backward_spec(int batch, int heads, int kv_heads, int seqlen_q, 
   return spec;
 }
 
-// The (key index, pair) the kernel gives the CTA at a location's blockIdx
-// (backward_cta: KeyBlockOrder over the linear index; sections in the default
-// mode under a causal mask; these problems' Q and dO are far below the L2).
-fa3_wgmma_sm90::KeyBlockCta kernel_cta(const BackwardElementLocation& at, bool causal, bool deterministic) {
-  const fa3_wgmma_sm90::KeyBlockOrder order =
-      fa3_wgmma_sm90::key_block_order(at.grid[0], at.grid[1] * at.grid[2], causal && !deterministic, 0,
-                                      fa3_wgmma_sm90::kLocateMultiprocessors, fa3_wgmma_sm90::kLocateL2Bytes);
-  const int index = at.key_block_cta[0] + at.grid[0] * (at.key_block_cta[1] + at.grid[1] * at.key_block_cta[2]);
-  return fa3_wgmma_sm90::key_block_cta_at(index, order);
+// The (key index, pair) the kernel gives a location's tile (backward_cta:
+// KeyBlockOrder over the tile's index; sections in the default mode under a
+// causal mask; these problems' Q and dO are far below the L2), and the CTA
+// that walks it: tile % grid.
+fa3_wgmma_sm90::KeyBlockCta kernel_cta(const ProblemSpec& spec, const BackwardElementLocation& at, bool causal,
+                                       bool deterministic) {
+  const fa3_wgmma_sm90::KeyBlockOrder order = fa3_wgmma_sm90::key_block_order(
+      (spec.seqlen_k + at.block_k - 1) / at.block_k, spec.kv_heads * spec.batch, causal && !deterministic, 0,
+      fa3_wgmma_sm90::kLocateMultiprocessors, fa3_wgmma_sm90::kLocateL2Bytes);
+  EXPECT_EQ(at.key_block_cta[0], at.key_block_tile % at.grid[0]);
+  EXPECT_EQ(at.grid[1] * at.grid[2], 1);
+  return fa3_wgmma_sm90::key_block_cta_at(at.key_block_tile, order);
 }
 
 template <class Tr>
@@ -439,7 +442,7 @@ void check_backward_layout_with(bool causal, bool deterministic) {
     for (int col = 0; col < HeadDim; ++col) {
       const BackwardElementLocation at = locate_backward_element(kernel, spec, deterministic, 1, 3, row, col);
       ASSERT_TRUE(at.keys_unavailable.empty()) << at.keys_unavailable;
-      EXPECT_EQ(kernel_cta(at, causal, deterministic).pair, 1 * 2 + 1);  // batch 1, kv head 1 (head 3)
+      EXPECT_EQ(kernel_cta(spec, at, causal, deterministic).pair, 1 * 2 + 1);  // batch 1, kv head 1 (head 3)
       ASSERT_EQ(at.dk.index.size(), 1u);
       EXPECT_TRUE(key_slots.insert({at.dk.thread[0], at.dk.index[0]}).second) << row << "," << col;
       // Back through the kernel's acc_dk[n * 4 + h * 2 + e] pattern.
@@ -495,20 +498,23 @@ void check_backward_layout_with(bool causal, bool deterministic) {
   // Deterministic under a causal mask the grid runs from the last key block down.
   const BackwardElementLocation key = locate_backward_element(kernel, spec, deterministic, 0, 2, 5, 1);
   const int key_blocks = (spec.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  EXPECT_EQ(kernel_cta(key, causal, deterministic).key_block, deterministic && causal ? key_blocks - 1 : 0);
-  EXPECT_EQ(kernel_cta(key, causal, deterministic).pair, 1);  // batch 0, kv head 1 (head 2)
-  // Fewer than kSectionedKeyBlocks key blocks: the grid's own order, blockIdx = (key block, kv head, batch).
-  EXPECT_EQ(key.key_block_cta[0], deterministic && causal ? key_blocks - 1 : 0);
+  EXPECT_EQ(kernel_cta(spec, key, causal, deterministic).key_block, deterministic && causal ? key_blocks - 1 : 0);
+  EXPECT_EQ(kernel_cta(spec, key, causal, deterministic).pair, 1);  // batch 0, kv head 1 (head 2)
+  // Fewer than kSectionedKeyBlocks key blocks: the tiles' own order, key index + key blocks x pair; fewer
+  // tiles than SMs: a CTA a tile.
+  EXPECT_EQ(key.key_block_tile, (deterministic && causal ? key_blocks - 1 : 0) + key_blocks * 1);
+  EXPECT_EQ(key.key_block_cta[0], key.key_block_tile);
   // 17 or more key blocks under the mask in the default mode: one section of the 4 pairs, key block 0 of
   // pair 1 is CTA 1.
   spec.seqlen_k = 2100;
   const BackwardElementLocation long_key = locate_backward_element(kernel, spec, deterministic, 0, 2, 5, 1);
   const int long_key_blocks = (spec.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
   ASSERT_GE(long_key_blocks, fa3_wgmma_sm90::kSectionedKeyBlocks);
-  EXPECT_EQ(kernel_cta(long_key, causal, deterministic).key_block,
+  EXPECT_EQ(kernel_cta(spec, long_key, causal, deterministic).key_block,
             deterministic && causal ? long_key_blocks - 1 : 0);
-  EXPECT_EQ(kernel_cta(long_key, causal, deterministic).pair, 1);
-  EXPECT_EQ(long_key.key_block_cta[0], causal && !deterministic ? 1 : deterministic && causal ? long_key_blocks - 1 : 0);
+  EXPECT_EQ(kernel_cta(spec, long_key, causal, deterministic).pair, 1);
+  EXPECT_EQ(long_key.key_block_tile, causal && !deterministic ? 1
+                                     : (deterministic && causal ? long_key_blocks - 1 : 0) + long_key_blocks * 1);
 }
 
 // The tiling the kernel runs: 80-row blocks (dQ transposed) at head_dim 128
@@ -533,6 +539,27 @@ TEST(LocateBackward, Fa3ElementsMapBackThroughTheKernelsFormulas) {
       check_backward_layout<128>(causal, deterministic);
       check_backward_layout<256>(causal, deterministic);  // the head dim split
     }
+}
+
+// More tiles than SMs without a mask: the persistent grid, one CTA an SM, CTA
+// c walking tiles c, c + 132, ...; the key row's cuda-gdb stop then names the
+// tile. The deterministic mode keeps a CTA a tile.
+TEST(LocateBackward, Fa3PersistentGridWalksEveryGridSizethTile) {
+  const ProblemSpec spec = fa3_backward_spec(8, 4, 2, 300, 2100, 128);  // 17 key blocks x 2 kv heads x 8
+  const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
+  const int tiles = 17 * 2 * 8;
+  const int tile = 16 + 17 * (1 + 2 * 7);  // key row 2050 (key block 16) of batch 7, head 3 (kv head 1)
+  const BackwardElementLocation persistent = locate_backward_element(kernel, spec, false, 7, 3, 2050, 5);
+  EXPECT_EQ(persistent.grid[0], fa3_wgmma_sm90::kLocateMultiprocessors);
+  EXPECT_EQ(persistent.key_block_tile, tile);
+  EXPECT_EQ(persistent.key_block_cta[0], tile % fa3_wgmma_sm90::kLocateMultiprocessors);
+  ASSERT_FALSE(persistent.stops.empty());
+  EXPECT_NE(persistent.stops[0].condition.find("tile == " + std::to_string(tile)), std::string::npos);
+  const BackwardElementLocation deterministic = locate_backward_element(kernel, spec, true, 7, 3, 2050, 5);
+  EXPECT_EQ(deterministic.grid[0], tiles);
+  EXPECT_EQ(deterministic.key_block_cta[0], tile);
+  ASSERT_FALSE(deterministic.stops.empty());
+  EXPECT_EQ(deterministic.stops[0].condition.find("tile =="), std::string::npos);
 }
 
 TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {

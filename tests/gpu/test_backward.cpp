@@ -194,6 +194,8 @@ INSTANTIATE_TEST_SUITE_P(BackwardHeadDims, Backward, ::testing::ValuesIn(backwar
 INSTANTIATE_TEST_SUITE_P(BackwardSlidingWindow, Backward, ::testing::ValuesIn(backward_window_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(BackwardVarlen, Backward, ::testing::ValuesIn(backward_varlen_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(BackwardQueryBlocks, Backward, ::testing::ValuesIn(backward_query_block_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(BackwardPersistentGrid, Backward, ::testing::ValuesIn(backward_persistent_grid_cases()),
+                         case_name);
 INSTANTIATE_TEST_SUITE_P(BackwardScoreModifications, Backward,
                          ::testing::ValuesIn(backward_score_modification_cases()), case_name);
 INSTANTIATE_TEST_SUITE_P(AllBackwardKernels, BackwardMasked, ::testing::ValuesIn(backward_masked_cases()), case_name);

@@ -262,7 +262,7 @@ struct BwdTraits {
   static constexpr int kDqStageStride = SplitsHeadDim ? kSwapBytes : kDqSlabBytes;  // between consumers' buffers
   static constexpr int kBarrierOffset =
       SplitsHeadDim ? kSwapOffset + kConsumers * kSwapBytes : kDqStageOffset + kConsumers * kDqSlabBytes;
-  static constexpr int kBarriers = 1 + 4 * Stages;  // BwdBarriers: kv full; q, do full/empty a stage
+  static constexpr int kBarriers = 2 + 4 * Stages;  // BwdBarriers: kv full/empty; q, do full/empty a stage
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
   static_assert(HeadDim % 64 == 0 && BlockM % 16 == 0 && BlockM <= 128, "whole panels, whole k16 steps");
@@ -471,6 +471,24 @@ inline KeyBlockOrder backward_key_block_order(const AttentionBackwardParams& par
                              params.head_dim * (2 * 2 + 4);
   return key_block_order(key_blocks, params.kv_heads * params.batch,
                          !params.deterministic && params.window_right >= 0, pair_bytes, multiprocessors, l2_bytes);
+}
+// The backward's tiles: a key block of the longest sequence, for each kv
+// head and batch entry.
+inline int backward_tiles(const AttentionBackwardParams& params, int block_n) {
+  return (params.seqlen_k + block_n - 1) / block_n * params.kv_heads * params.batch;
+}
+// Its grid: where every tile walks as far (no mask bounds the walks, one
+// sequence length; the default mode), one CTA an SM, each walking every
+// multiprocessors-th tile back to back, so that a tile's epilogue overlaps the
+// next tile's first loads (about 9 us a tile without: 22% of the kernel at
+// d128 1k, H200, session 38). Otherwise a CTA a tile: the hardware's order
+// balances walks of different lengths (with KeyBlockOrder's sections), and
+// the deterministic mode's waits count on it.
+inline bool backward_runs_persistent(const AttentionBackwardParams& params) {
+  return !params.deterministic && params.window_left < 0 && params.window_right < 0 && !params.is_varlen();
+}
+inline int backward_grid_ctas(const AttentionBackwardParams& params, int tiles, int multiprocessors) {
+  return backward_runs_persistent(params) ? std::min(tiles, multiprocessors) : tiles;
 }
 TileShape backward_tile_shape(const AttentionBackwardParams& params);
 template <int HeadDim>

@@ -120,23 +120,33 @@ struct BwdKernelArguments {
   int* dq_semaphore = nullptr;
   int query_blocks = 0;  // ceil(max seqlen_q / kBlockM)
   bool rotates_walks = false;  // rotates_backward_walks (deterministic mode)
-  KeyBlockOrder order;         // which CTA takes which key block (backward_key_block_order)
+  KeyBlockOrder order;         // which tile takes which key block (backward_key_block_order)
+  int tiles = 0;               // key blocks of the longest sequence x kv heads x batch
 };
 
-// This CTA's place: the grid's key-block index (KeyBlockOrder over the CTA's
-// linear index), its kv head and batch entry. The deterministic mode keeps
-// the grid's own order (its waits count on it), without the arithmetic (its
-// kernels spill: 44 bytes at head_dim 128, 56 with it).
+// The CTA's tiles: tile blockIdx.x, then every gridDim.x-th after it (each
+// role loops over them alike). A grid of one CTA a tile runs each once; the
+// persistent grid (backward_persistent_ctas) one CTA an SM, walking its
+// tiles back to back, so that a tile's epilogue and the next one's first
+// loads overlap.
+__device__ __forceinline__ int first_backward_tile() { return static_cast<int>(blockIdx.x); }
+__device__ __forceinline__ int backward_tile_stride() { return static_cast<int>(gridDim.x); }
+
+// A tile's place: its key-block index (KeyBlockOrder over the tile's linear
+// index), kv head and batch entry. The deterministic mode keeps the tiles'
+// own order (its waits count on it: key index fastest, then kv head, batch).
 struct BackwardCta {
   int key_index, kv_head, batch;
 };
 template <bool kDeterministic>
-__device__ __forceinline__ BackwardCta backward_cta(const BwdKernelArguments& args) {
-  if constexpr (kDeterministic)
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-  const int index = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-  const KeyBlockCta cta = key_block_cta_at(index, args.order);
-  return {cta.key_block, cta.pair % static_cast<int>(gridDim.y), cta.pair / static_cast<int>(gridDim.y)};
+__device__ __forceinline__ BackwardCta backward_cta(const BwdKernelArguments& args, int tile) {
+  const int kv_heads = args.params.kv_heads;
+  if constexpr (kDeterministic) {
+    const int pair = tile / args.order.key_blocks;
+    return {tile - pair * args.order.key_blocks, pair % kv_heads, pair / kv_heads};
+  }
+  const KeyBlockCta cta = key_block_cta_at(tile, args.order);
+  return {cta.key_block, cta.pair % kv_heads, cta.pair / kv_heads};
 }
 // The key block of this CTA (-1: none, a varlen sequence shorter than the
 // grid): its key index, or counted from the last block down where
@@ -203,16 +213,18 @@ using sm80::pack2;
 template <class Tr>
 struct BwdBarriers {
   uint64_t* kv_full;
+  uint64_t* kv_empty;  // persistent: every consumer thread, once its last GEMM of a tile read K and V
   uint64_t* q_full;
   uint64_t* q_empty;
   uint64_t* do_full;
   uint64_t* do_empty;
   __device__ explicit BwdBarriers(uint64_t* base)
-      : kv_full(base), q_full(base + 1), q_empty(q_full + Tr::kStages), do_full(q_empty + Tr::kStages),
+      : kv_full(base), kv_empty(base + 1), q_full(base + 2), q_empty(q_full + Tr::kStages), do_full(q_empty + Tr::kStages),
         do_empty(do_full + Tr::kStages) {}
   __device__ void init() const {
     constexpr int kConsumerThreads = 128 * Tr::kConsumers;
     sm90::mbarrier_init(kv_full, 1);
+    sm90::mbarrier_init(kv_empty, kConsumerThreads);
     for (int s = 0; s < Tr::kStages; ++s) {
       sm90::mbarrier_init(&q_full[s], 1);
       sm90::mbarrier_init(&q_empty[s], kConsumerThreads);
@@ -224,7 +236,10 @@ struct BwdBarriers {
 };
 
 // ---------------------------------------------------------------------------
-// The producer (one thread): K, V once; Q and dO per step.
+// The producer (one thread): per tile K and V, and Q and dO per step. The
+// rings' slots count on across tiles; a tile's K and V go in once the
+// consumers have released the last tile's (kv_empty), after its first Q and
+// dO, which may load while the consumers finish the last tile.
 template <class Tr, typename Element, bool kDeterministic>
 __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args,
                                                  unsigned char* smem, const BwdBarriers<Tr>& bar) {
@@ -234,52 +249,64 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   sm90::tma_prefetch_descriptor(&args.k_map);
   sm90::tma_prefetch_descriptor(&args.v_map);
   sm90::tma_prefetch_descriptor(&args.do_map);
-  const BackwardCta cta = backward_cta<kDeterministic>(args);
-  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
-  const BackwardSequenceView view = backward_sequence_view(p, batch);
-  const int batch_coordinate = p.is_varlen() ? 0 : batch;
-  const int n_block =
-      cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
-  if (n_block < 0) return;
-  const int n0 = n_block * Tr::kBlockN;
-  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
-  if (walk.steps == 0) return;
-  const int64_t stats_row0 = padded_stats_row0(p, view.q_row0, batch, kBM);
-  sm90::mbarrier_arrive_expect_tx(bar.kv_full, 2 * Tr::kKVTileBytes);
+  uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V loads of the CTA so far
 #pragma unroll 1
-  for (int panel = 0; panel < Tr::kPanels; ++panel) {
-    sm90::tma_load_4d(smem + Tr::kKOffset + panel * Tr::kBlockN * 128, &args.k_map, bar.kv_full, panel * 64,
-                      view.k_row0 + n0, kv_head, batch_coordinate);
-    sm90::tma_load_4d(smem + Tr::kVOffset + panel * Tr::kBlockN * 128, &args.v_map, bar.kv_full, panel * 64,
-                      view.k_row0 + n0, kv_head, batch_coordinate);
-  }
+  for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
+    const BackwardCta cta = backward_cta<kDeterministic>(args, tile);
+    const int kv_head = cta.kv_head, batch = cta.batch;
+    const BackwardSequenceView view = backward_sequence_view(p, batch);
+    const int batch_coordinate = p.is_varlen() ? 0 : batch;
+    const int n_block =
+        cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, cta.key_index);
+    if (n_block < 0) continue;
+    const int n0 = n_block * Tr::kBlockN;
+    const QueryWalk walk = query_walk<Tr>(args, view, n_block);
+    if (walk.steps == 0) continue;
+    const int64_t stats_row0 = padded_stats_row0(p, view.q_row0, batch, kBM);
+    const auto load_keys_and_values = [&] {
+      if (kv_round > 0) sm90::mbarrier_wait(bar.kv_empty, (kv_round - 1) & 1);
+      sm90::mbarrier_arrive_expect_tx(bar.kv_full, 2 * Tr::kKVTileBytes);
 #pragma unroll 1
-  for (int step = 0; step < walk.steps; ++step) {
-    const int head = kv_head * group + walk.head_in_group(step);
-    const int m0 = walk.query_block(step) * kBM;
-    const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(step);
-    const auto [do_stage, do_phase] = sm90::RingSlot<Tr::kDoStages>(step);
-    // The stage's LSE rows, and D after them in the dO stage's slot.
-    float* const stats = reinterpret_cast<float*>(smem + Tr::kStatsOffset) + stage * Tr::kStatsFloats;
-    float* const d_stats = Tr::kDoStages == Tr::kStages
-                               ? stats + kBM
-                               : reinterpret_cast<float*>(smem + Tr::kStatsOffset) + do_stage * Tr::kStatsFloats + kBM;
-    const int64_t stats_row = head * args.stats_rows + stats_row0 + m0;
-    sm90::mbarrier_wait(&bar.q_empty[stage], phase ^ 1);
-    sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes + kBM * 4);
+      for (int panel = 0; panel < Tr::kPanels; ++panel) {
+        sm90::tma_load_4d(smem + Tr::kKOffset + panel * Tr::kBlockN * 128, &args.k_map, bar.kv_full, panel * 64,
+                          view.k_row0 + n0, kv_head, batch_coordinate);
+        sm90::tma_load_4d(smem + Tr::kVOffset + panel * Tr::kBlockN * 128, &args.v_map, bar.kv_full, panel * 64,
+                          view.k_row0 + n0, kv_head, batch_coordinate);
+      }
+      ++kv_round;
+    };
+    // The CTA's first tile: K and V ahead of its first Q and dO (nothing to wait for).
+    const bool keys_first = kv_round == 0;
+    if (keys_first) load_keys_and_values();
 #pragma unroll 1
-    for (int panel = 0; panel < Tr::kPanels; ++panel)
-      sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
-                        &bar.q_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
-    sm90::bulk_load(stats, args.lse_log2 + stats_row, kBM * 4, &bar.q_full[stage]);
-    sm90::mbarrier_wait(&bar.do_empty[do_stage], do_phase ^ 1);
-    sm90::mbarrier_arrive_expect_tx(&bar.do_full[do_stage], Tr::kQTileBytes + kBM * 4);
+    for (int step = 0; step < walk.steps; ++step, ++iteration) {
+      const int head = kv_head * group + walk.head_in_group(step);
+      const int m0 = walk.query_block(step) * kBM;
+      const auto [stage, phase] = sm90::RingSlot<Tr::kStages>(iteration);
+      const auto [do_stage, do_phase] = sm90::RingSlot<Tr::kDoStages>(iteration);
+      // The stage's LSE rows, and D after them in the dO stage's slot.
+      float* const stats = reinterpret_cast<float*>(smem + Tr::kStatsOffset) + stage * Tr::kStatsFloats;
+      float* const d_stats = Tr::kDoStages == Tr::kStages
+                                 ? stats + kBM
+                                 : reinterpret_cast<float*>(smem + Tr::kStatsOffset) + do_stage * Tr::kStatsFloats + kBM;
+      const int64_t stats_row = head * args.stats_rows + stats_row0 + m0;
+      sm90::mbarrier_wait(&bar.q_empty[stage], phase ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&bar.q_full[stage], Tr::kQTileBytes + kBM * 4);
 #pragma unroll 1
-    for (int panel = 0; panel < Tr::kPanels; ++panel)
-      sm90::tma_load_4d(smem + Tr::kDoOffset + do_stage * Tr::kQTileBytes + panel * kBM * 128, &args.do_map,
-                        &bar.do_full[do_stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
-    sm90::bulk_load(d_stats, args.dsum + stats_row, kBM * 4, &bar.do_full[do_stage]);
+      for (int panel = 0; panel < Tr::kPanels; ++panel)
+        sm90::tma_load_4d(smem + Tr::kQOffset + stage * Tr::kQTileBytes + panel * kBM * 128, &args.q_map,
+                          &bar.q_full[stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
+      sm90::bulk_load(stats, args.lse_log2 + stats_row, kBM * 4, &bar.q_full[stage]);
+      sm90::mbarrier_wait(&bar.do_empty[do_stage], do_phase ^ 1);
+      sm90::mbarrier_arrive_expect_tx(&bar.do_full[do_stage], Tr::kQTileBytes + kBM * 4);
+#pragma unroll 1
+      for (int panel = 0; panel < Tr::kPanels; ++panel)
+        sm90::tma_load_4d(smem + Tr::kDoOffset + do_stage * Tr::kQTileBytes + panel * kBM * 128, &args.do_map,
+                          &bar.do_full[do_stage], panel * 64, view.q_row0 + m0, head, batch_coordinate);
+      sm90::bulk_load(d_stats, args.dsum + stats_row, kBM * 4, &bar.do_full[do_stage]);
+      if (step == 0 && !keys_first) load_keys_and_values();
+    }
   }
 }
 
@@ -297,7 +324,9 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
                                                    int consumer) {
   const AttentionBackwardParams& p = args.params;
   const int lane = threadIdx.x % 32;
-  const BackwardCta cta = backward_cta<true>(args);
+  // The deterministic mode runs a CTA a tile (launch_backward_typed): the
+  // staging handshakes below start and end with the walk.
+  const BackwardCta cta = backward_cta<true>(args, first_backward_tile());
   const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
@@ -495,9 +524,10 @@ __device__ __forceinline__ void dq_slab_out(const AttentionBackwardParams& p, co
 template <class Tr, typename Element>
 __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParams& p,
                                                     const BackwardSequenceView& view, int kv_head, int n0,
-                                                    int key_row0, int column0, int quad_col,
+                                                    int key_row0, int column0, int quad_col, int tile,
                                                     const float (&acc_dk)[Tr::kKeyGradColumns / 2],
                                                     const float (&acc_dv)[Tr::kKeyGradColumns / 2]) {
+  static_cast<void>(tile);  // the cuda-gdb stop's condition names it
   Element* const dk_out = static_cast<Element*>(p.dk) + view.dk_offset + kv_head * p.dk_head_stride + column0;
   Element* const dv_out = static_cast<Element*>(p.dv) + view.dv_offset + kv_head * p.dv_head_stride + column0;
 #pragma unroll
@@ -550,6 +580,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   static_assert(!kSplit || !kModified, "the head dim split has no score modification");
   const AttentionBackwardParams& p = args.params;
   uint64_t* kv_full = bar.kv_full;
+  uint64_t* kv_empty = bar.kv_empty;
   uint64_t* q_full = bar.q_full;
   uint64_t* q_empty = bar.q_empty;
   uint64_t* do_full = bar.do_full;
@@ -567,17 +598,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   const int key_row0 = (kSplit ? 0 : consumer * 64) + warp * 16 + quad_row;  // this thread's first key in the block
   const int grad_column0 = kSplit ? consumer * kGradColumns : 0;             // its first dK / dV column
 
-  const BackwardCta cta = backward_cta<kDeterministic>(args);
-  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
-  const BackwardSequenceView view = backward_sequence_view(p, batch);
-  const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
   const float scale_log2 = p.softmax_scale * kLog2e;
-  const int n_key_blocks = (view.seqlen_k + kBN - 1) / kBN;
-  const int n_block = cta_key_block<kDeterministic>(p, n_key_blocks, key_index);
-  if (n_block < 0) return;
-  const int n0 = n_block * kBN;
-  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
 
   float acc_s[kBM / 2], acc_dp[kBM / 2];
   uint32_t p_frag[kBM / 16][4], ds_frag[kBM / 16][4];
@@ -671,11 +693,20 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   };
   // Every consumer thread arrives, after its reads of the stage (BwdBarriers).
   const auto release = [&](uint64_t* barrier) { sm90::mbarrier_arrive(barrier); };
+  uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V tiles of the CTA so far (the producer's)
+#pragma unroll 1
+  for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
+    const BackwardCta cta = backward_cta<kDeterministic>(args, tile);
+    const int kv_head = cta.kv_head, batch = cta.batch;
+    const BackwardSequenceView view = backward_sequence_view(p, batch);
+    const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
+    const int n_block = cta_key_block<kDeterministic>(p, (view.seqlen_k + kBN - 1) / kBN, cta.key_index);
+    if (n_block < 0) continue;
+    const int n0 = n_block * kBN;
+    const QueryWalk walk = query_walk<Tr>(args, view, n_block);
 #pragma unroll
-  for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-  if (walk.steps > 0) sm90::mbarrier_wait(kv_full, 0);
-  {
-    uint32_t iteration = 0;
+    for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
+    if (walk.steps > 0) sm90::mbarrier_wait(kv_full, kv_round & 1);
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + walk.head_in_group(step);
@@ -794,8 +825,15 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
-
-    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, acc_dk, acc_dv);
+    // K and V are read (the last step's GEMMs are done): the producer may
+    // load the next tile's while this one's dK and dV go out.
+    if (walk.steps > 0) {
+      release(kv_empty);
+      ++kv_round;
+    }
+    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
+                                     acc_dv);
+    if constexpr (kDeterministic) break;  // a CTA a tile
   }
 }
 
@@ -903,8 +941,9 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
                                    : fa3_backward_kernel<Tr, Element, false, true>;
     }
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
-    const dim3 grid((p.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, p.kv_heads, p.batch);
-    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
+    args.tiles = backward_tiles(p, Tr::kBlockN);
+    const int ctas = backward_grid_ctas(p, args.tiles, device.multiprocessors);
+    kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward", p);
   }
   if (has_rows) {

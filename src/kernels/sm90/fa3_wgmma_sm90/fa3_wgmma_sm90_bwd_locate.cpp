@@ -3,11 +3,12 @@
 // backward tiling with_bwd_traits picks for the problem (KernelVariant::backward_locate).
 // Host only, layout arithmetic:
 //
-//   grid (key blocks of the longest sequence, kv heads, batch); the CTA of
+//   tiles: key blocks of the longest sequence x kv heads x batch; the tile of
 //   key index i of (batch, kv head) is KeyBlockOrder's (backward_key_block_order:
 //   sections under a right-bounded mask in the default mode, which assume an
-//   H100's SMs and L2 as the forward's locate does; else blockIdx = (i, kv
-//   head, batch)); key block n is key index n, or, deterministic under a
+//   H100's SMs and L2 as the forward's locate does; else i + key blocks x (kv
+//   head + kv heads x batch)), walked by CTA tile % grid (backward_grid_ctas:
+//   persistent, an H100's SMs, or a CTA a tile); key block n is key index n, or, deterministic under a
 //   right-bounded mask (causal, windows), the sequence's key blocks - 1 - n. Consumer warpgroup
 //   1 + (key % 128) / 64 owns the key (head dim split: 1 + column /
 //   kKeyGradColumns, 64 keys a block), warp (key % 64) / 16 its 16-row slab:
@@ -56,9 +57,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   char scale_buffer[32];  // softmax_scale as cuda-gdb reads it back: 9 significant digits
   std::snprintf(scale_buffer, sizeof scale_buffer, "%.9g", params.softmax_scale);
   const std::string scale_text = scale_buffer;
-  location.grid[0] = (params.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN;
-  location.grid[1] = params.kv_heads;
-  location.grid[2] = params.batch;
+  const int tiles = backward_tiles(params, Tr::kBlockN);
+  location.grid[0] = backward_grid_ctas(params, tiles, kLocateMultiprocessors);
+  location.grid[1] = location.grid[2] = 1;
   location.block_threads[0] = Tr::kThreads;
   location.block_threads[1] = location.block_threads[2] = 1;
   location.block_q = Tr::kBlockM;
@@ -76,10 +77,10 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
                                 std::to_string(batch) + "'s " + std::to_string(view.seqlen_k) + " keys";
   } else {
     location.key_block = row / Tr::kBlockN;
-    const int cta = key_block_cta_index(key_index_of(location.key_block), batch * params.kv_heads + kv_head, order);
-    location.key_block_cta[0] = cta % location.grid[0];
-    location.key_block_cta[1] = cta / location.grid[0] % params.kv_heads;
-    location.key_block_cta[2] = cta / location.grid[0] / params.kv_heads;
+    location.key_block_tile =
+        key_block_cta_index(key_index_of(location.key_block), batch * params.kv_heads + kv_head, order);
+    location.key_block_cta[0] = location.key_block_tile % location.grid[0];
+    location.key_block_cta[1] = location.key_block_cta[2] = 0;
     const int in_block = row % Tr::kBlockN;
     const int consumer = Tr::kSplitsHeadDim ? col / Tr::kKeyGradColumns : in_block / 64;
     const int warp = in_block % 64 / 16;
@@ -121,13 +122,13 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
     keys_stop.line_offset = 2;  // past the #pragma: the column loop
     // store_key_gradients' local `key`; the kv head and the batch entry through
-    // the CTA's blockIdx (its kv_head argument reads <optimized out> in
-    // cuda-gdb, and p's members through the reference cannot be named: the
-    // scale is printed as a number).
+    // the CTA's blockIdx, and its `tile` where the CTA walks several (its
+    // kv_head argument reads <optimized out> in cuda-gdb, and p's members
+    // through the reference cannot be named: the scale is printed as a number).
     keys_stop.condition = "key == " + std::to_string(row) +
                           " && blockIdx.x == " + std::to_string(location.key_block_cta[0]) +
-                          " && blockIdx.y == " + std::to_string(location.key_block_cta[1]) +
-                          " && blockIdx.z == " + std::to_string(location.key_block_cta[2]) +
+                          (location.grid[0] < tiles ? " && tile == " + std::to_string(location.key_block_tile)
+                                                    : std::string()) +
                           " && threadIdx.x == " + std::to_string(location.dk.thread[0]);
     keys_stop.prints = {location.dk.name + " * " + scale_text, location.dv.name};
     keys_stop.what = "dK and dV of the key row and column as the kernel stores them (before rounding)";

@@ -550,7 +550,7 @@ std::vector<KernelCase> backward_persistent_grid_cases(int compute_capability, c
     int batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
     at::ScalarType dtype;
   };
-  const Shape shapes[] = {{4, 16, 4, 113, 1100, 128, at::kBFloat16},
+  const Shape shapes[] = {{8, 16, 2, 113, 1100, 128, at::kBFloat16},
                           {2, 8, 8, 301, 1100, 64, at::kHalf},
                           {1, 16, 8, 77, 1100, 256, at::kBFloat16}};
   std::vector<KernelCase> cases;

@@ -4,13 +4,18 @@
 // (common/backward_dq.cuh):
 //
 // 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32.
-// 2. main (this file): one CTA per (key block, kv head, batch), started in
-//    the grid's order or, in the default mode under a right-bounded mask
-//    (causal, windows) from 16 key blocks a pair, in KeyBlockOrder's
-//    sections (common/tile_scheduler.h).
+// 2. main (this file): a tile per (key block, kv head, batch), in the tiles'
+//    order or, in the default mode under a right-bounded mask (causal,
+//    windows) from 16 key blocks a pair, in KeyBlockOrder's sections
+//    (common/tile_scheduler.h). Without a mask (default mode, one sequence
+//    length) a persistent grid, one CTA an SM, each walking every
+//    gridDim.x-th tile back to back; otherwise a CTA a tile
+//    (backward_grid_ctas, fa3_wgmma_sm90.h).
 //    Three warpgroups.
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
-//    first thread loads K and V once (TMA, one transaction barrier), then for
+//    first thread loads a tile's K and V (TMA, one transaction barrier; from
+//    the CTA's second tile on after its first Q and dO, once the consumers
+//    have released the last tile's K and V), then for
 //    each query head of the kv head's group and each query block that sees
 //    the keys (visible_rows_of_keys) the Q and dO tiles, through rings, with
 //    the rows' LSE in base 2 and D (written padded to whole query blocks by
@@ -57,8 +62,9 @@
 // at a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
 // elements (TMA). At head_dim 256 no softcap or ALiBi (the host path runs
-// those on fa2_mma_sm80). A persistent schedule and a TMA-store epilogue are
-// not built.
+// those on fa2_mma_sm80). No TMA-store epilogue; the persistent grid's
+// schedule is static (every gridDim.x-th tile), so walks of different
+// lengths (masks, varlen) and the deterministic mode keep a CTA a tile.
 //
 // Score modifications (softcap, ALiBi, sinks): the kModified instantiations
 // take S^T through common/score_modification.h before the mask and multiply
@@ -126,7 +132,7 @@ struct BwdKernelArguments {
 
 // The CTA's tiles: tile blockIdx.x, then every gridDim.x-th after it (each
 // role loops over them alike). A grid of one CTA a tile runs each once; the
-// persistent grid (backward_persistent_ctas) one CTA an SM, walking its
+// persistent grid (backward_grid_ctas) one CTA an SM, walking its
 // tiles back to back, so that a tile's epilogue and the next one's first
 // loads overlap.
 __device__ __forceinline__ int first_backward_tile() { return static_cast<int>(blockIdx.x); }

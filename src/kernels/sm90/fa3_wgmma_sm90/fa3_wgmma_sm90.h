@@ -480,10 +480,11 @@ inline int backward_tiles(const AttentionBackwardParams& params, int block_n) {
 // Its grid: where every tile walks as far (no mask bounds the walks, one
 // sequence length; the default mode), one CTA an SM, each walking every
 // multiprocessors-th tile back to back, so that a tile's epilogue overlaps the
-// next tile's first loads: 1.4-2.4% less time at 1k, under 1% at 4k and 16k
-// (H200, session 38). Otherwise a CTA a tile: the hardware's order balances
-// walks of different lengths (with KeyBlockOrder's sections), and the
-// deterministic mode's waits count on it.
+// next tile's first loads: 0.976-0.986x the time at 1k, near the run's
+// spread; no change beyond it at 4k and 16k (H200, session 38). Otherwise
+// a CTA a tile: the hardware's order balances walks of different lengths
+// (with KeyBlockOrder's sections), and the deterministic mode's waits count
+// on it.
 inline bool backward_runs_persistent(const AttentionBackwardParams& params) {
   return !params.deterministic && params.window_left < 0 && params.window_right < 0 && !params.is_varlen();
 }

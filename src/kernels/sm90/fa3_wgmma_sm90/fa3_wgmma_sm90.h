@@ -194,6 +194,13 @@ FLASHLAB_HOST_DEVICE constexpr int dq_block_slabs(int block_m, int head_dim) {
   return block_m % 64 == 0 ? block_m * head_dim / (64 * 64) : head_dim / 64;
 }
 
+// How the backward kernel adds a step's dQ slab to the float32 accumulator:
+// red.global.add.v4.f32 from the consumers' registers; staged in shared memory
+// for a writer warp, which adds it with one bulk reduce-add (the consumers
+// go on to the next step meanwhile); or so, in a fixed order (the
+// deterministic mode's semaphores).
+enum class DqAdd { registers, writer, writer_in_order };
+
 template <int HeadDim, int BlockM, int Stages = 2, bool SplitsHeadDim = false>
 struct BwdTraits {
   static constexpr int kHeadDim = HeadDim;
@@ -227,6 +234,10 @@ struct BwdTraits {
   // the head dim when the block has 64 rows, along the rows when it has 128;
   // transposed, one block_m x 64 slab a consumer.
   static constexpr bool kDqSplitsColumns = BlockM != 128;
+  // The default mode may stage dQ for the writer warps (backward_dq_add):
+  // the keys split has staging buffers of its own; the head dim split stages
+  // in its swap buffer, between swaps, and ran 0-2% slower so (H200, session 39).
+  static constexpr bool kWriterAddsDq = !SplitsHeadDim;
   static constexpr int kDqSlabFloats = kTransposedDq ? BlockM * 64 : 64 * 64;
   static constexpr int kDqBlockSlabs = dq_block_slabs(BlockM, HeadDim);
   static constexpr int kDqSlabs = kDqBlockSlabs / kConsumers;
@@ -287,6 +298,17 @@ struct DefaultBwdTraits {
 inline constexpr int kWideBackwardBlockM = 80;
 inline bool backward_uses_wide_query_blocks(const AttentionBackwardParams& p) {
   return p.head_dim == 128 && p.window_left < 0 && p.window_right < 0 && !p.modification.per_element();
+}
+// How tiling Tr's kernel adds dQ for this problem: in order (the deterministic
+// mode), through the writer warps where no mask bounds the walks and no score
+// modification runs (same binary, H200, session 39: 0.935-0.972x the
+// red.global.add kernel's time at head_dim 128, 0.959-0.989x at 64, without a
+// mask; under a causal mask 0.98-1.02x: not taken), else from the registers.
+template <class Tr>
+DqAdd backward_dq_add(const AttentionBackwardParams& p) {
+  if (p.deterministic) return DqAdd::writer_in_order;
+  const bool unbounded = p.window_left < 0 && p.window_right < 0 && !p.modification.per_element();
+  return Tr::kWriterAddsDq && unbounded ? DqAdd::writer : DqAdd::registers;
 }
 // Calls f with the backward tiling of this problem (a BwdTraits value, a tag):
 // the one choice the launch, the workspace, backward_tile_shape and --locate share.

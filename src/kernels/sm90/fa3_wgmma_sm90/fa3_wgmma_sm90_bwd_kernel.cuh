@@ -40,8 +40,12 @@
 //    dQ goes out in 64 x 64 slabs (64 query rows x 64 columns at head_dim
 //    128 and 256: one a consumer at 128, two in turn at 256; head_dim 64:
 //    half the 128 query rows x all columns; 80-row blocks: dQ^T, 64 columns x
-//    80 rows a consumer), added to the float32 accumulator with red.global.add.v4.f32
-//    from registers, in wgmma fragment order (SlabDqOrder). dS has two shared
+//    80 rows a consumer), added to the float32 accumulator in wgmma fragment
+//    order (SlabDqOrder) as backward_dq_add picks (DqAdd): without a mask
+//    (keys split) staged in shared memory for the consumer's writer warp
+//    (the producer warpgroup's warps 1 and 2), which adds it with one bulk
+//    reduce-add while the consumer goes on; otherwise red.global.add.v4.f32
+//    from the consumer's registers; deterministic: staged, in order. dS has two shared
 //    buffers, so one named barrier a step orders both consumers' dS stores
 //    before either reads the other's. dK * scale and dV go out from registers.
 // 3. convert: dq = scale * accumulator in the input dtype.
@@ -246,7 +250,7 @@ struct BwdBarriers {
 // rings' slots count on across tiles; a tile's K and V go in once the
 // consumers have released the last tile's (kv_empty), after its first Q and
 // dO, which may load while the consumers finish the last tile.
-template <class Tr, typename Element, bool kDeterministic>
+template <class Tr, typename Element, DqAdd kDq>
 __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args,
                                                  unsigned char* smem, const BwdBarriers<Tr>& bar) {
   constexpr int kBM = Tr::kBlockM;
@@ -259,12 +263,13 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V loads of the CTA so far
 #pragma unroll 1
   for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
-    const BackwardCta cta = backward_cta<kDeterministic>(args, tile);
+    constexpr bool kOrdered = kDq == DqAdd::writer_in_order;
+    const BackwardCta cta = backward_cta<kOrdered>(args, tile);
     const int kv_head = cta.kv_head, batch = cta.batch;
     const BackwardSequenceView view = backward_sequence_view(p, batch);
     const int batch_coordinate = p.is_varlen() ? 0 : batch;
     const int n_block =
-        cta_key_block<kDeterministic>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, cta.key_index);
+        cta_key_block<kOrdered>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, cta.key_index);
     if (n_block < 0) continue;
     const int n0 = n_block * Tr::kBlockN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
@@ -317,79 +322,88 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
 }
 
 // ---------------------------------------------------------------------------
-// The dQ writer warps of the deterministic mode (the producer warpgroup's
-// second and third, one per consumer): per step, the consumer's staged slab
-// waits for its turn here, off the consumers' path, and goes to the
-// accumulator as one bulk reduce-add (cp.reduce.async.bulk ... add.f32, 16
-// KB). The staging buffer goes back to the consumer once the copy has read it;
-// the turn passes on (count + 1) once the addition is done. (Consumers waiting
+// The dQ writer warps (DqAdd::writer and writer_in_order: the producer
+// warpgroup's second and third warps, one per consumer): per step, the
+// consumer's staged slab goes to the accumulator as one bulk reduce-add
+// (cp.reduce.async.bulk ... add.f32, 16-20 KB) off the consumers' path, and
+// the staging buffer goes back to the consumer once the copy has read it.
+// In order (the deterministic mode): a slab first waits for its turn, and the
+// turn passes on (count + 1) once the addition is done. (Consumers waiting
 // for the turn themselves: 1.15-1.45x the default mode's time; one writer for
 // both slabs, the buffer back after the addition: 1.05-1.40x; H100, session 21.)
-template <class Tr>
+// The writer hands every staged slab back, the CTA's last one too: the
+// consumer takes that hand-back after its last tile (consumer_done_staging).
+template <class Tr, DqAdd kDq>
 __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& args, unsigned char* smem,
                                                    int consumer) {
+  constexpr bool kOrdered = kDq == DqAdd::writer_in_order;
   const AttentionBackwardParams& p = args.params;
   const int lane = threadIdx.x % 32;
-  // The deterministic mode runs a CTA a tile (launch_backward_typed): the
-  // staging handshakes below start and end with the walk.
-  const BackwardCta cta = backward_cta<true>(args, first_backward_tile());
-  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
   const int group = p.heads / p.kv_heads;
-  const BackwardSequenceView view = backward_sequence_view(p, batch);
-  const int n_block = cta_key_block<true>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
-  if (n_block < 0) return;
-  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
-  float* const dq_accum = p.dq_accum + view.dq_accum_offset;
   const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride;
 #pragma unroll 1
-  for (int step = 0; step < walk.steps; ++step) {
-    const int head = kv_head * group + walk.head_in_group(step);
-    const int m_block = walk.query_block(step);
-    const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
-    // The consumer's slabs of this step, from `first`, are added (not only
-    // read): the next key block's turn.
-    const auto release_added = [&](int* first, int count) {
-      sm90::bulk_wait_group<0>();
-      sm90::fence_proxy_async_global();
+  for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
+    const BackwardCta cta = backward_cta<kOrdered>(args, tile);
+    const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
+    const BackwardSequenceView view = backward_sequence_view(p, batch);
+    const int n_block = cta_key_block<kOrdered>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
+    if (n_block < 0) continue;
+    const QueryWalk walk = query_walk<Tr>(args, view, n_block);
+    float* const dq_accum = p.dq_accum + view.dq_accum_offset;
 #pragma unroll 1
-      for (int j = 0; j < count; ++j) sm90::add_release_gpu(first + j, 1);
-    };
-#pragma unroll 1
-    for (int i = 0; i < Tr::kDqSlabs; ++i) {
-      const int slab_index = consumer * Tr::kDqSlabs + i;
-      float* const slab = dq_accum + head * p.dq_accum_head_stride +
-                          static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
-                          slab_index * Tr::kDqSlabFloats;
-      int* const semaphore =
-          args.dq_semaphore +
-          ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) * Tr::kDqBlockSlabs +
-          slab_index;
-      sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
-      if (lane == 0) {
-        while (sm90::load_acquire_gpu(semaphore) != rank) {
-        }
+    for (int step = 0; step < walk.steps; ++step) {
+      const int head = kv_head * group + walk.head_in_group(step);
+      const int m_block = walk.query_block(step);
+      // The consumer's slabs of this step, from `first`, are added (not only
+      // read): the next key block's turn.
+      const auto release_added = [&](int* first, int count) {
+        sm90::bulk_wait_group<0>();
         sm90::fence_proxy_async_global();
-        sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
-        sm90::bulk_commit_group();
-        sm90::bulk_wait_group_read<0>();
-      }
-      __syncwarp();
-      // The consumer waits for this before it writes the buffer again (its
-      // next slab; at the head dim split also its next swap store): none
-      // after the walk's last slab.
-      if (step + 1 < walk.steps || i + 1 < Tr::kDqSlabs)
+#pragma unroll 1
+        for (int j = 0; j < count; ++j) sm90::add_release_gpu(first + j, 1);
+      };
+#pragma unroll 1
+      for (int i = 0; i < Tr::kDqSlabs; ++i) {
+        const int slab_index = consumer * Tr::kDqSlabs + i;
+        float* const slab = dq_accum + head * p.dq_accum_head_stride +
+                            static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
+                            slab_index * Tr::kDqSlabFloats;
+        int* const semaphore =
+            kOrdered ? args.dq_semaphore +
+                           ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) *
+                               Tr::kDqBlockSlabs +
+                           slab_index
+                     : nullptr;
+        sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
+        if (lane == 0) {
+          if constexpr (kOrdered) {
+            const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
+            while (sm90::load_acquire_gpu(semaphore) != rank) {
+            }
+            sm90::fence_proxy_async_global();
+          }
+          sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
+          sm90::bulk_commit_group();
+          sm90::bulk_wait_group_read<0>();
+        }
+        __syncwarp();
+        // The consumer waits for this before it writes the buffer again (its
+        // next slab; at the head dim split also its next swap store).
         sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-      // The head dim split takes a step's slabs before it waits for their
-      // additions: waiting for each slab's addition before taking the next
-      // held up the second slab, and with it the consumer's next swap store,
-      // an L2 round trip (the d256 deterministic mode: 1.29-1.38x its
-      // default's time -> 1.16-1.23x, H200, session 31). One slab a step
-      // (head_dim 64/128) keeps this order: releasing after the loop cost
-      // those 1-3%.
-      if (lane == 0 && (Tr::kDqSlabs == 1 || i + 1 == Tr::kDqSlabs))
-        release_added(semaphore - i, Tr::kDqSlabs);
+        // The head dim split takes a step's slabs before it waits for their
+        // additions: waiting for each slab's addition before taking the next
+        // held up the second slab, and with it the consumer's next swap store,
+        // an L2 round trip (the d256 deterministic mode: 1.29-1.38x its
+        // default's time -> 1.16-1.23x, H200, session 31). One slab a step
+        // (head_dim 64/128) keeps this order: releasing after the loop cost
+        // those 1-3%.
+        if constexpr (kOrdered)
+          if (lane == 0 && (Tr::kDqSlabs == 1 || i + 1 == Tr::kDqSlabs)) release_added(semaphore - i, Tr::kDqSlabs);
+      }
     }
+    if constexpr (kOrdered) break;  // a CTA a tile
   }
+  if (lane == 0) sm90::bulk_wait_group<0>();  // the last additions done before the CTA ends
 }
 
 // ---------------------------------------------------------------------------
@@ -481,8 +495,10 @@ __device__ __forceinline__ void modified_probabilities_and_gradients(
 // A consumer's dQ slab (an m64n64 accumulator, or m64nBlockM for dQ^T) in the
 // accumulator's fragment order (SlabDqOrder): float4 n of thread (warp, lane)
 // at group n * 4 + warp. Straight from registers: 16-byte reductions, 512
-// contiguous bytes a warp. (Through the writer warp's bulk reduce-add instead:
-// 0.99-1.02x the time at head_dim 128, 1.00-1.09x at 64; H100, session 21.)
+// contiguous bytes a warp. (The writer warps' bulk reduce-add instead:
+// 0.99-1.02x the time at head_dim 128, 1.00-1.09x at 64 on the H100, session
+// 21; 0.935-0.972x and 0.959-0.989x without a mask on an H200, session 39,
+// with 80-row blocks at 128: backward_dq_add.)
 template <int kValues>
 __device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, const float (&acc_dq)[kValues]) {
 #pragma unroll
@@ -490,7 +506,7 @@ __device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, con
     sm80::red_add_f32x4(slab + ((n * 4 + warp) * 32 + lane) * 4, acc_dq[n * 4], acc_dq[n * 4 + 1],
                         acc_dq[n * 4 + 2], acc_dq[n * 4 + 3]);
 }
-// The same slab into shared memory, for the writer warp (deterministic mode).
+// The same slab into shared memory, for the writer warp (DqAdd::writer*).
 template <int kValues>
 __device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane, const float (&acc_dq)[kValues]) {
 #pragma unroll
@@ -500,17 +516,17 @@ __device__ __forceinline__ void store_dq_slab(float* staged, int warp, int lane,
 }
 
 // One dQ slab of a step (slab: its index in the query block) out of a
-// consumer's registers: added with red.global.add, or (deterministic) staged
-// for the consumer's writer warp, which adds it in its turn; staging_busy:
-// wait until the writer has read the previous slab out of the buffer.
-template <class Tr, bool kDeterministic>
+// consumer's registers: added with red.global.add, or staged for the
+// consumer's writer warp, which adds it (in its turn: writer_in_order);
+// staging_busy: wait until the writer has read the previous slab out of the buffer.
+template <class Tr, DqAdd kDq>
 __device__ __forceinline__ void dq_slab_out(const AttentionBackwardParams& p, const BackwardSequenceView& view,
                                             unsigned char* smem, int n_block, int batch, int head, int m0, int slab,
                                             bool staging_busy, int consumer, int warp, int lane,
                                             const float (&acc_dq)[Tr::kDqSlabFloats / 128]) {
   static_cast<void>(n_block), static_cast<void>(batch);  // the cuda-gdb stop's condition names them
   // cuda-gdb: this step's dQ slab `slab` of query block m0 / kBM, head `head` (fa3_wgmma_sm90_bwd_locate.cpp).
-  if constexpr (kDeterministic) {
+  if constexpr (kDq != DqAdd::registers) {
     if (staging_busy) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
     store_dq_slab(reinterpret_cast<float*>(smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride), warp, lane,
                   acc_dq);
@@ -575,7 +591,7 @@ __device__ __forceinline__ void load_swapped(const float* buffer, int thread, fl
 // ---------------------------------------------------------------------------
 // A consumer warpgroup: its keys of the block (Tr::kConsumerKeys) against every
 // query block of the walk; with the head dim split, its half of the columns.
-template <class Tr, typename Element, bool kDeterministic, bool kModified>
+template <class Tr, typename Element, DqAdd kDq, bool kModified>
 __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args,
                                                  unsigned char* smem, const BwdBarriers<Tr>& bar) {
   constexpr int kD = Tr::kHeadDim;
@@ -584,6 +600,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   constexpr bool kSplit = Tr::kSplitsHeadDim;
   constexpr int kGradColumns = Tr::kKeyGradColumns;
   static_assert(!kSplit || !kModified, "the head dim split has no score modification");
+  constexpr bool kOrdered = kDq == DqAdd::writer_in_order;
+  constexpr bool kStaged = kDq != DqAdd::registers;
   const AttentionBackwardParams& p = args.params;
   uint64_t* kv_full = bar.kv_full;
   uint64_t* kv_empty = bar.kv_empty;
@@ -702,11 +720,11 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V tiles of the CTA so far (the producer's)
 #pragma unroll 1
   for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
-    const BackwardCta cta = backward_cta<kDeterministic>(args, tile);
+    const BackwardCta cta = backward_cta<kOrdered>(args, tile);
     const int kv_head = cta.kv_head, batch = cta.batch;
     const BackwardSequenceView view = backward_sequence_view(p, batch);
     const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
-    const int n_block = cta_key_block<kDeterministic>(p, (view.seqlen_k + kBN - 1) / kBN, cta.key_index);
+    const int n_block = cta_key_block<kOrdered>(p, (view.seqlen_k + kBN - 1) / kBN, cta.key_index);
     if (n_block < 0) continue;
     const int n0 = n_block * kBN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
@@ -755,8 +773,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         const float* d_rows = d_rows_of_stage(lse_rows);
         if (scores)
           transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
-        // Deterministic: the swap buffer held the last step's second dQ slab.
-        if (kDeterministic && step > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+        // Staged dQ: the swap buffer held the last step's second dQ slab.
+        if (kStaged && iteration > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
         store_swapped(swapped + consumer * kSwapFloats, thread, acc_s);
         sm90::named_barrier_sync(Tr::kSwappedBarrier, 128 * Tr::kConsumers);
         load_swapped(swapped, thread, acc_s);                 // P^T
@@ -820,12 +838,12 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
           sm90::wgmma_wait<0>();
           sm90::fence_registers(acc_dq);
         }
-        // The deterministic mode's staging buffer is busy until the writer
-        // has read the previous slab (at the head dim split the first slab's,
+        // A staging buffer is busy until the writer has read the previous
+        // slab, the last tile's too (at the head dim split the first slab's,
         // the swap buffer, was waited for before the swap store and is free
         // since the dS barrier).
-        dq_slab_out<Tr, kDeterministic>(p, view, smem, n_block, batch, head, m0, consumer * Tr::kDqSlabs + i,
-                                        kSplit ? i > 0 : step > 0, consumer, warp, lane, acc_dq);
+        dq_slab_out<Tr, kDq>(p, view, smem, n_block, batch, head, m0, consumer * Tr::kDqSlabs + i,
+                             kSplit ? i > 0 : iteration > 0, consumer, warp, lane, acc_dq);
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
@@ -839,13 +857,15 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     }
     store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
                                      acc_dv);
-    if constexpr (kDeterministic) break;  // a CTA a tile
+    if constexpr (kOrdered) break;  // a CTA a tile
   }
+  // The writer hands back every slab: take the hand-back of the CTA's last.
+  if (kStaged && iteration > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
 }
 
 // kModified: score modifications (common/score_modification.h): S^T through
 // the policy before the mask, dS^T times ds'/ds.
-template <class Tr, typename Element, bool kDeterministic, bool kModified = false>
+template <class Tr, typename Element, DqAdd kDq, bool kModified = false>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     fa3_backward_kernel(const __grid_constant__ BwdKernelArguments args) {
   extern __shared__ unsigned char smem_raw[];
@@ -858,13 +878,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
-    if (threadIdx.x == 0) backward_producer<Tr, Element, kDeterministic>(args, smem, barriers);
-    else if (kDeterministic && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + Tr::kConsumers))
-      backward_dq_writer<Tr>(args, smem, threadIdx.x / 32 - 1);
+    if (threadIdx.x == 0) backward_producer<Tr, Element, kDq>(args, smem, barriers);
+    else if (kDq != DqAdd::registers && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + Tr::kConsumers))
+      backward_dq_writer<Tr, kDq>(args, smem, threadIdx.x / 32 - 1);
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();
-  backward_consumer<Tr, Element, kDeterministic, kModified>(args, smem, barriers);
+  backward_consumer<Tr, Element, kDq, kModified>(args, smem, barriers);
 }
 
 // ---------------------------------------------------------------------------
@@ -937,14 +957,19 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
-    auto kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true> : fa3_backward_kernel<Tr, Element, false>;
-    // The transposed dQ tiling runs unmodified (backward_uses_wide_query_blocks);
-    // the head dim split takes no softcap or ALiBi (backward_unsupported_reason).
+    const DqAdd dq_add = backward_dq_add<Tr>(p);
+    auto kernel = fa3_backward_kernel<Tr, Element, DqAdd::writer_in_order>;
+    if constexpr (Tr::kWriterAddsDq)
+      if (dq_add == DqAdd::writer) kernel = fa3_backward_kernel<Tr, Element, DqAdd::writer>;
+    // The transposed dQ tiling runs only where the writer adds dQ
+    // (backward_uses_wide_query_blocks: no mask, unmodified); the head dim
+    // split takes no softcap or ALiBi (backward_unsupported_reason).
     if constexpr (!Tr::kTransposedDq) {
+      if (dq_add == DqAdd::registers) kernel = fa3_backward_kernel<Tr, Element, DqAdd::registers>;
       if constexpr (!Tr::kSplitsHeadDim)
         if (modified)
-          kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, true, true>
-                                   : fa3_backward_kernel<Tr, Element, false, true>;
+          kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, DqAdd::writer_in_order, true>
+                                   : fa3_backward_kernel<Tr, Element, DqAdd::registers, true>;
     }
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
     args.tiles = backward_tiles(p, Tr::kBlockN);

@@ -174,12 +174,14 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
                                                                        std::to_string(Tr::kBlockM) + " rows)"
                                                                  : "slab") +
       " of the query block (unscaled: dq = softmax_scale * the sum); " +
-      std::string(params.deterministic
-                      ? "staged in shared memory and added by the slab's writer warp (threads " +
-                            std::to_string(32 * (1 + dq_consumer)) + ".." + std::to_string(32 * (2 + dq_consumer) - 1) +
-                            ") with a bulk reduce-add once the slab's semaphore reaches the block's rank"
-                      : "added with red.global.add.v4.f32 from these registers, in whatever order the blocks "
-                        "reach it") +
+      (backward_dq_add<Tr>(params) != DqAdd::registers
+           ? "staged in shared memory and added by the slab's writer warp (threads " +
+                 std::to_string(32 * (1 + dq_consumer)) + ".." + std::to_string(32 * (2 + dq_consumer) - 1) +
+                 ") with a bulk reduce-add" +
+                 std::string(params.deterministic ? " once the slab's semaphore reaches the block's rank"
+                                                  : ", in whatever order the blocks reach it")
+           : std::string("added with red.global.add.v4.f32 from these registers, in whatever order the blocks "
+                         "reach it")) +
       "; element " + std::to_string(location.dq_accum_element) +
       " of the accumulator from the sequence's first row of this head (fragment order), "
       "converted by the convert kernel";

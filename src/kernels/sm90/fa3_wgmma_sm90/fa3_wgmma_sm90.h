@@ -236,8 +236,10 @@ struct BwdTraits {
   static constexpr bool kDqSplitsColumns = BlockM != 128;
   // The default mode may stage dQ for the writer warps (backward_dq_add):
   // the keys split has staging buffers of its own; the head dim split stages
-  // in its swap buffer, between swaps, and ran 0-2% slower so (H200, session 39).
-  static constexpr bool kWriterAddsDq = !SplitsHeadDim;
+  // in its swap buffer, between swaps, and ran 0-2% slower so (H200, session
+  // 39). Not the 64-row blocks at head_dim 128: without a mask that head dim
+  // takes 80 rows (backward_uses_wide_query_blocks), so they never run there.
+  static constexpr bool kWriterAddsDq = !SplitsHeadDim && (HeadDim != 128 || BlockM != 64);
   static constexpr int kDqSlabFloats = kTransposedDq ? BlockM * 64 : 64 * 64;
   static constexpr int kDqBlockSlabs = dq_block_slabs(BlockM, HeadDim);
   static constexpr int kDqSlabs = kDqBlockSlabs / kConsumers;

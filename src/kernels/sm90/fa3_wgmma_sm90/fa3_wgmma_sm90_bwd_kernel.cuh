@@ -327,26 +327,105 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
 // consumer's staged slab goes to the accumulator as one bulk reduce-add
 // (cp.reduce.async.bulk ... add.f32, 16-20 KB) off the consumers' path, and
 // the staging buffer goes back to the consumer once the copy has read it.
-// In order (the deterministic mode): a slab first waits for its turn, and the
-// turn passes on (count + 1) once the addition is done. (Consumers waiting
-// for the turn themselves: 1.15-1.45x the default mode's time; one writer for
-// both slabs, the buffer back after the addition: 1.05-1.40x; H100, session 21.)
-// The writer hands every staged slab back, the CTA's last one too: the
-// consumer takes that hand-back after its last tile (consumer_done_staging).
-template <class Tr, DqAdd kDq>
+
+// A staged slab's place in the accumulator (dq_accum: the sequence's).
+template <class Tr>
+__device__ __forceinline__ float* dq_slab_of(const AttentionBackwardParams& p, float* dq_accum, int head,
+                                             int m_block, int slab_index) {
+  return dq_accum + head * p.dq_accum_head_stride +
+         static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride + slab_index * Tr::kDqSlabFloats;
+}
+
+// In order (the deterministic mode, a CTA a tile): a slab first waits for its
+// turn, and the turn passes on (count + 1) once the addition is done.
+// (Consumers waiting for the turn themselves: 1.15-1.45x the default mode's
+// time; one writer for both slabs, the buffer back after the addition:
+// 1.05-1.40x; H100, session 21.) The turns chain the CTAs, so the writer's
+// latency counts: written for one tile, not the persistent loop below (its
+// tile loop and hand-backs cost the deterministic mode 2-4.5% at head_dim 64
+// and 256, and 16-52 bytes more spills; H200, session 39).
+template <class Tr>
+__device__ __forceinline__ void backward_dq_writer_in_order(const BwdKernelArguments& args, unsigned char* smem,
+                                                            int consumer) {
+  const AttentionBackwardParams& p = args.params;
+  const int lane = threadIdx.x % 32;
+  // The deterministic mode runs a CTA a tile (launch_backward_typed): the
+  // staging handshakes below start and end with the walk.
+  const BackwardCta cta = backward_cta<true>(args, first_backward_tile());
+  const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
+  const int group = p.heads / p.kv_heads;
+  const BackwardSequenceView view = backward_sequence_view(p, batch);
+  const int n_block = cta_key_block<true>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
+  if (n_block < 0) return;
+  const QueryWalk walk = query_walk<Tr>(args, view, n_block);
+  float* const dq_accum = p.dq_accum + view.dq_accum_offset;
+  const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride;
+#pragma unroll 1
+  for (int step = 0; step < walk.steps; ++step) {
+    const int head = kv_head * group + walk.head_in_group(step);
+    const int m_block = walk.query_block(step);
+    const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
+    // The consumer's slabs of this step, from `first`, are added (not only
+    // read): the next key block's turn.
+    const auto release_added = [&](int* first, int count) {
+      sm90::bulk_wait_group<0>();
+      sm90::fence_proxy_async_global();
+#pragma unroll 1
+      for (int j = 0; j < count; ++j) sm90::add_release_gpu(first + j, 1);
+    };
+#pragma unroll 1
+    for (int i = 0; i < Tr::kDqSlabs; ++i) {
+      const int slab_index = consumer * Tr::kDqSlabs + i;
+      float* const slab = dq_slab_of<Tr>(p, dq_accum, head, m_block, slab_index);
+      int* const semaphore =
+          args.dq_semaphore +
+          ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) * Tr::kDqBlockSlabs +
+          slab_index;
+      sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
+      if (lane == 0) {
+        while (sm90::load_acquire_gpu(semaphore) != rank) {
+        }
+        sm90::fence_proxy_async_global();
+        sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
+        sm90::bulk_commit_group();
+        sm90::bulk_wait_group_read<0>();
+      }
+      __syncwarp();
+      // The consumer waits for this before it writes the buffer again (its
+      // next slab; at the head dim split also its next swap store): none
+      // after the walk's last slab.
+      if (step + 1 < walk.steps || i + 1 < Tr::kDqSlabs)
+        sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+      // The head dim split takes a step's slabs before it waits for their
+      // additions: waiting for each slab's addition before taking the next
+      // held up the second slab, and with it the consumer's next swap store,
+      // an L2 round trip (the d256 deterministic mode: 1.29-1.38x its
+      // default's time -> 1.16-1.23x, H200, session 31). One slab a step
+      // (head_dim 64/128) keeps this order: releasing after the loop cost
+      // those 1-3%.
+      if (lane == 0 && (Tr::kDqSlabs == 1 || i + 1 == Tr::kDqSlabs))
+        release_added(semaphore - i, Tr::kDqSlabs);
+    }
+  }
+}
+
+// In any order (the default mode without a mask): the writer walks the
+// CTA's tiles as the consumers do (the persistent grid) and hands back every
+// staged slab, the CTA's last too: the consumer takes that hand-back after
+// its last tile.
+template <class Tr>
 __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& args, unsigned char* smem,
                                                    int consumer) {
-  constexpr bool kOrdered = kDq == DqAdd::writer_in_order;
   const AttentionBackwardParams& p = args.params;
   const int lane = threadIdx.x % 32;
   const int group = p.heads / p.kv_heads;
   const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride;
 #pragma unroll 1
   for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
-    const BackwardCta cta = backward_cta<kOrdered>(args, tile);
-    const int key_index = cta.key_index, kv_head = cta.kv_head, batch = cta.batch;
+    const BackwardCta cta = backward_cta<false>(args, tile);
+    const int kv_head = cta.kv_head, batch = cta.batch;
     const BackwardSequenceView view = backward_sequence_view(p, batch);
-    const int n_block = cta_key_block<kOrdered>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, key_index);
+    const int n_block = cta_key_block<false>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, cta.key_index);
     if (n_block < 0) continue;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
     float* const dq_accum = p.dq_accum + view.dq_accum_offset;
@@ -354,54 +433,20 @@ __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& arg
     for (int step = 0; step < walk.steps; ++step) {
       const int head = kv_head * group + walk.head_in_group(step);
       const int m_block = walk.query_block(step);
-      // The consumer's slabs of this step, from `first`, are added (not only
-      // read): the next key block's turn.
-      const auto release_added = [&](int* first, int count) {
-        sm90::bulk_wait_group<0>();
-        sm90::fence_proxy_async_global();
-#pragma unroll 1
-        for (int j = 0; j < count; ++j) sm90::add_release_gpu(first + j, 1);
-      };
 #pragma unroll 1
       for (int i = 0; i < Tr::kDqSlabs; ++i) {
-        const int slab_index = consumer * Tr::kDqSlabs + i;
-        float* const slab = dq_accum + head * p.dq_accum_head_stride +
-                            static_cast<int64_t>(m_block) * Tr::kBlockM * p.dq_accum_row_stride +
-                            slab_index * Tr::kDqSlabFloats;
-        int* const semaphore =
-            kOrdered ? args.dq_semaphore +
-                           ((static_cast<int64_t>(batch) * p.heads + head) * args.query_blocks + m_block) *
-                               Tr::kDqBlockSlabs +
-                           slab_index
-                     : nullptr;
+        float* const slab = dq_slab_of<Tr>(p, dq_accum, head, m_block, consumer * Tr::kDqSlabs + i);
         sm90::named_barrier_sync(Tr::kDqFullBarrier + consumer, 128 + 32);
         if (lane == 0) {
-          if constexpr (kOrdered) {
-            const int rank = dq_rank<Tr>(p, view, walk, n_block, m_block);
-            while (sm90::load_acquire_gpu(semaphore) != rank) {
-            }
-            sm90::fence_proxy_async_global();
-          }
           sm90::bulk_reduce_add_f32(slab, staged, Tr::kDqSlabBytes);
           sm90::bulk_commit_group();
           sm90::bulk_wait_group_read<0>();
         }
         __syncwarp();
-        // The consumer waits for this before it writes the buffer again (its
-        // next slab; at the head dim split also its next swap store).
+        // The consumer waits for this before it writes the buffer again.
         sm90::named_barrier_arrive(Tr::kDqEmptyBarrier + consumer, 128 + 32);
-        // The head dim split takes a step's slabs before it waits for their
-        // additions: waiting for each slab's addition before taking the next
-        // held up the second slab, and with it the consumer's next swap store,
-        // an L2 round trip (the d256 deterministic mode: 1.29-1.38x its
-        // default's time -> 1.16-1.23x, H200, session 31). One slab a step
-        // (head_dim 64/128) keeps this order: releasing after the loop cost
-        // those 1-3%.
-        if constexpr (kOrdered)
-          if (lane == 0 && (Tr::kDqSlabs == 1 || i + 1 == Tr::kDqSlabs)) release_added(semaphore - i, Tr::kDqSlabs);
       }
     }
-    if constexpr (kOrdered) break;  // a CTA a tile
   }
   if (lane == 0) sm90::bulk_wait_group<0>();  // the last additions done before the CTA ends
 }
@@ -718,6 +763,9 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   // Every consumer thread arrives, after its reads of the stage (BwdBarriers).
   const auto release = [&](uint64_t* barrier) { sm90::mbarrier_arrive(barrier); };
   uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V tiles of the CTA so far (the producer's)
+  // Whether this consumer staged a dQ slab before this step: in order (a CTA
+  // a tile), earlier in the walk; in any order, earlier in the CTA's tiles.
+  const auto staged_before = [&](int step) { return kOrdered ? step > 0 : iteration > 0; };
 #pragma unroll 1
   for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
     const BackwardCta cta = backward_cta<kOrdered>(args, tile);
@@ -774,7 +822,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         if (scores)
           transposed_probabilities<Tr>(acc_s, lse_rows, scale_log2, masked, mask, n0 + key_row0, m0, quad_col);
         // Staged dQ: the swap buffer held the last step's second dQ slab.
-        if (kStaged && iteration > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+        if (kStaged && staged_before(step)) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
         store_swapped(swapped + consumer * kSwapFloats, thread, acc_s);
         sm90::named_barrier_sync(Tr::kSwappedBarrier, 128 * Tr::kConsumers);
         load_swapped(swapped, thread, acc_s);                 // P^T
@@ -843,7 +891,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
         // the swap buffer, was waited for before the swap store and is free
         // since the dS barrier).
         dq_slab_out<Tr, kDq>(p, view, smem, n_block, batch, head, m0, consumer * Tr::kDqSlabs + i,
-                             kSplit ? i > 0 : iteration > 0, consumer, warp, lane, acc_dq);
+                             kSplit ? i > 0 : staged_before(step), consumer, warp, lane, acc_dq);
       }
       sm90::wgmma_wait<0>();  // dK done
       sm90::fence_registers(acc_dk);
@@ -859,8 +907,9 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
                                      acc_dv);
     if constexpr (kOrdered) break;  // a CTA a tile
   }
-  // The writer hands back every slab: take the hand-back of the CTA's last.
-  if (kStaged && iteration > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
+  // The writer in any order hands back every slab: take the CTA's last.
+  if constexpr (kDq == DqAdd::writer)
+    if (iteration > 0) sm90::named_barrier_sync(Tr::kDqEmptyBarrier + consumer, 128 + 32);
 }
 
 // kModified: score modifications (common/score_modification.h): S^T through
@@ -879,8 +928,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
     if (threadIdx.x == 0) backward_producer<Tr, Element, kDq>(args, smem, barriers);
-    else if (kDq != DqAdd::registers && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + Tr::kConsumers))
-      backward_dq_writer<Tr, kDq>(args, smem, threadIdx.x / 32 - 1);
+    else if (kDq != DqAdd::registers && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + Tr::kConsumers)) {
+      if constexpr (kDq == DqAdd::writer_in_order) backward_dq_writer_in_order<Tr>(args, smem, threadIdx.x / 32 - 1);
+      else backward_dq_writer<Tr>(args, smem, threadIdx.x / 32 - 1);
+    }
     return;
   }
   sm90::setmaxnreg_increase<Tr::kConsumerRegisters>();

@@ -11,6 +11,16 @@ the paged cache against torch's FLASH and cuDNN backends, then the issue's
 targets, met or not, case by case:
 
   scripts/bench_table.py --decode decode.json [--kernel fa2_mma_sm80]
+
+With --ab, an A/B of runs of the same flashlab-bench command (Google Benchmark
+JSON, --benchmark_out), each arm's files its rounds: per row the minimum over
+rounds of each arm's median_ms, each arm's time over the first arm's, each
+round's time, and the range of those ratios over the control rows (a regex on
+the row name: rows whose code is the same in every arm, such as torch's
+backends), the run's spread:
+
+  scripts/bench_table.py --ab old=old_r1.json,old_r2.json new=new_r1.json,new_r2.json \
+      [--control 'sdpa_']
 """
 import argparse
 import json
@@ -246,13 +256,69 @@ def decode_main(path, kernel):
     return 0
 
 
+def load_ab_arm(paths):
+    """{row name: [median_ms of each round]} from an arm's rounds (rows without a time left out)."""
+    rounds = defaultdict(list)
+    for path in paths:
+        with open(path) as file:
+            document = json.load(file)
+        for benchmark in document.get("benchmarks", []):
+            if benchmark.get("error_occurred") or "median_ms" not in benchmark:
+                continue
+            rounds[benchmark["name"].split("/min_time")[0].split("/iterations")[0]].append(benchmark["median_ms"])
+    return rounds
+
+
+def ab_main(specs, control):
+    if len(specs) < 2:
+        raise SystemExit(f"--ab compares at least two arms (ARM=PATH[,PATH...] each); got {len(specs)}")
+    arms = []
+    for spec in specs:
+        if "=" not in spec:
+            raise SystemExit(f"--ab takes ARM=PATH[,PATH...] per arm; got '{spec}'")
+        name, paths = spec.split("=", 1)
+        try:
+            arms.append((name, load_ab_arm(paths.split(","))))
+        except (OSError, json.JSONDecodeError) as error:
+            raise SystemExit(f"--ab arm '{name}': {error}")
+    base_name, base = arms[0]
+    others = arms[1:]
+    header = ["row", *(f"{name} ms" for name, _ in arms), *(f"{name} / {base_name}" for name, _ in others), "rounds"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + " --- |" * len(header))
+    pattern = re.compile(control) if control else None
+    control_ratios = defaultdict(list)
+    rows = sorted(set(base).union(*(arm for _, arm in others)))
+    for row in rows:
+        best = [min(arm[row]) if row in arm else None for _, arm in arms]
+        ratios = [b / best[0] if b is not None and best[0] else None for b in best[1:]]
+        if pattern and pattern.search(row):
+            for (name, _), ratio in zip(others, ratios):
+                if ratio is not None:
+                    control_ratios[name].append(ratio)
+        rounds = "; ".join(f"{name} " + "/".join(f"{t:.3f}" for t in arm[row]) for name, arm in arms if row in arm)
+        cells = [row, *("-" if b is None else f"{b:.3f}" for b in best),
+                 *("-" if r is None else f"{r:.3f}" for r in ratios), rounds]
+        print("| " + " | ".join(cells) + " |")
+    if pattern:
+        for name, _ in others:
+            values = control_ratios.get(name)
+            spread = f"{min(values):.3f}-{max(values):.3f} over {len(values)} rows" if values else "no control row"
+            print(f"control rows /{control}/, {name} / {base_name}: {spread}")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernel", help="the row the ratios belong to (required without --decode)")
     parser.add_argument("--other", default="fa2_mma_sm80", help="a second kernel whose TFLOP/s is listed")
     parser.add_argument("--decode", metavar="JSON", help="flashlab-bench --decode's Google Benchmark JSON")
-    parser.add_argument("logs", nargs="*", help="DTYPE=PATH")
+    parser.add_argument("--ab", action="store_true", help="an A/B of flashlab-bench JSON runs: ARM=PATH[,PATH...] per arm, the first the base")
+    parser.add_argument("--control", help="--ab: a regex naming the rows whose code is the same in every arm")
+    parser.add_argument("logs", nargs="*", help="DTYPE=PATH (--ab: ARM=PATH[,PATH...])")
     args = parser.parse_args()
+    if args.ab:
+        return ab_main(args.logs, args.control)
     if args.decode:
         if args.logs:
             parser.error("--decode reads one JSON file; give no DTYPE=PATH logs with it")

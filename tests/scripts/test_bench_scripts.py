@@ -2,8 +2,9 @@
 """CPU test of scripts/bench_table.py, scripts/plot_bench.py and
 scripts/plot_timeline.py on synthetic flashlab-bench / flashlab-run output: the
 --decode table (rows, ratios, % of copy, the issue's targets, rows without a
-time), the decode and block-timeline plots (when matplotlib is there), and that
-the forward table still reads a text summary. Run by CTest (label cpu) or
+time), the --ab table (minimum of rounds, ratios, the control rows' range), the
+decode and block-timeline plots (when matplotlib is there), and that the forward
+table still reads a text summary. Run by CTest (label cpu) or
 directly: python3 tests/scripts/test_bench_scripts.py
 """
 import json
@@ -177,6 +178,54 @@ class DecodeTableWithAPlainRead(unittest.TestCase):
 
     def test_a_copy_miss_names_the_plain_read(self):
         self.assertIn("b8 h32/8 L32768 66.7% (a plain read of it: 103.3%)", self.result.stdout)
+
+
+def bench_document(times):
+    """A flashlab-bench JSON with one entry per {row name: median_ms}."""
+    return {"context": {}, "benchmarks": [
+        {"name": f"{row}/min_time:0.300/manual_time", "run_type": "iteration", "median_ms": ms, "real_time": ms}
+        for row, ms in times.items()]}
+
+
+class AbTable(unittest.TestCase):
+    """--ab: two arms of two rounds; the minimum over rounds, the ratio to the first arm, the
+    control rows' range."""
+    ROWS = ("bwd/d128/s4096/b4/h16/full/fa3_wgmma_sm90", "bwd/d128/s4096/b4/h16/full/sdpa_cudnn",
+            "bwd/d64/s1024/b16/h32/full/sdpa_cudnn")
+
+    def run_ab(self, *extra):
+        rounds = {"old": [(2.8, 2.7, 1.0), (2.9, 2.6, 1.1)], "new": [(2.7, 2.65, 1.02), (2.5, 2.7, 1.0)]}
+        with tempfile.TemporaryDirectory() as directory:
+            specs = []
+            for arm, arm_rounds in rounds.items():
+                paths = []
+                for index, times in enumerate(arm_rounds):
+                    path = os.path.join(directory, f"{arm}_r{index}.json")
+                    with open(path, "w") as file:
+                        json.dump(bench_document(dict(zip(self.ROWS, times))), file)
+                    paths.append(path)
+                specs.append(f"{arm}=" + ",".join(paths))
+            return run_script(os.path.join(SCRIPTS, "bench_table.py"), "--ab", *specs, *extra)
+
+    def test_minimum_of_rounds_and_ratio(self):
+        result = self.run_ab("--control", "sdpa_")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        # old min 2.8, new min 2.5: 0.893.
+        self.assertIn("| bwd/d128/s4096/b4/h16/full/fa3_wgmma_sm90 | 2.800 | 2.500 | 0.893 | old 2.800/2.900; new 2.700/2.500 |",
+                      result.stdout)
+        # The control rows: 2.65 / 2.6 = 1.019 and 1.0 / 1.0 = 1.000.
+        self.assertIn("control rows /sdpa_/, new / old: 1.000-1.019 over 2 rows", result.stdout)
+
+    def test_needs_two_arms(self):
+        result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--ab", "old=old.json")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--ab compares at least two arms", result.stderr)
+
+    def test_names_a_missing_file(self):
+        result = run_script(os.path.join(SCRIPTS, "bench_table.py"), "--ab", "old=missing_a.json", "new=missing_b.json")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--ab arm 'old'", result.stderr)
+        self.assertIn("missing_a.json", result.stderr)
 
 
 class ForwardTable(unittest.TestCase):

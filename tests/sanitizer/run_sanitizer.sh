@@ -13,7 +13,9 @@
 # H100; 18 runs since session 22, a tiny deterministic case added; 300 s since
 # session 23: with one case per kernel under softcap, ALiBi and sinks the 18
 # racecheck runs took 242 s beside the whole GPU ctest; 360 s since session 37:
-# one more shape, fa3's 80-row query blocks, three runs more, not yet timed).
+# one more shape, fa3's 80-row query blocks, three runs more; timed in session 39:
+# memcheck 131 s, synccheck 59 s, racecheck 235 s on an H200; then one more, more
+# tiles than SMs, three tiny runs, not yet timed).
 # Exit 77 (CTest: skipped) when there is no compute-sanitizer or no GPU.
 # Usage: run_sanitizer.sh TOOL path/to/flashlab-run path/to/flashlab_sanitizer_cases [--backward|--kvcache]
 set -uo pipefail

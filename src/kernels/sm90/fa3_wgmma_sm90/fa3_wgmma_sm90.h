@@ -303,9 +303,10 @@ inline bool backward_uses_wide_query_blocks(const AttentionBackwardParams& p) {
 }
 // How tiling Tr's kernel adds dQ for this problem: in order (the deterministic
 // mode), through the writer warps where no mask bounds the walks and no score
-// modification runs (same binary, H200, session 39: 0.935-0.972x the
-// red.global.add kernel's time at head_dim 128, 0.959-0.989x at 64, without a
-// mask; under a causal mask 0.98-1.02x: not taken), else from the registers.
+// modification runs (H200, session 39, against red.global.add in the same run:
+// 0.923-0.955x the backward's time at head_dim 128, 0.972-0.983x at 64; under
+// a causal mask, tried only with the deterministic mode's tile order,
+// 0.98-1.02x: not taken), else from the registers.
 template <class Tr>
 DqAdd backward_dq_add(const AttentionBackwardParams& p) {
   if (p.deterministic) return DqAdd::writer_in_order;

@@ -687,9 +687,9 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
       {"bf16_d128_b2_q7_k113_kv2_causal", bf16, 128, 2, 4, 2, 7, 113, true, -1, -1, false, false},
       // fa3's 80-row query blocks (dQ transposed): three blocks, the last one row
       {"fp16_d128_q161_k203_kv2", fp16, 128, 1, 4, 2, 161, 203, false, -1, -1, false, false},
-      // more tiles than SMs (fa3: 2 key blocks x 68 kv heads = 136): its persistent grid's
+      // more tiles than SMs (fa3: 18 key blocks x 8 kv heads = 144): its persistent grid's
       // CTAs walk a second tile, the dQ writer warps' hand-backs across tiles included
-      {"bf16_d128_q7_k129_h68", bf16, 128, 1, 68, 68, 7, 129, false, -1, -1, false, false},
+      {"bf16_d128_q7_k2177_kv8", bf16, 128, 1, 8, 8, 7, 2177, false, -1, -1, false, false},
       {"bf16_d64_q203_k113_w17_33_softcap_alibi_sinks", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false, true},
       {"fp16_d128_varlen_causal", fp16, 128, 1, 2, 1, 113, 203, true, -1, -1, true, false},  // lengths below
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},

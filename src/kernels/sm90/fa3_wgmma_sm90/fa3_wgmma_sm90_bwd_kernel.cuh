@@ -343,7 +343,7 @@ __device__ __forceinline__ float* dq_slab_of(const AttentionBackwardParams& p, f
 // 1.05-1.40x; H100, session 21.) The turns chain the CTAs, so the writer's
 // latency counts: written for one tile, not the persistent loop below (its
 // tile loop and hand-backs cost the deterministic mode 2-4.5% at head_dim 64
-// and 256, and 16-52 bytes more spills; H200, session 39).
+// and 256, and 12-52 bytes more spills; H200, session 39).
 template <class Tr>
 __device__ __forceinline__ void backward_dq_writer_in_order(const BwdKernelArguments& args, unsigned char* smem,
                                                             int consumer) {

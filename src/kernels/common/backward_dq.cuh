@@ -50,8 +50,10 @@ inline constexpr int kPreprocessThreadsPerRow = HeadDim / 8 >= 16 ? 16 : HeadDim
 // Where the preprocess writes each row's D: fa2_mma_sm80's layout, softmax_d
 // laid out like the LSE, rows < seqlen_q. A kernel with another layout passes
 // its own destination (rows(view): the rows to write, padding included;
-// store(...): one row's D).
+// store(...): one row's D; zeroes_dq_accum(): whether the preprocess also
+// zeros the dq accumulator's rows it visits, in place of a memset).
 struct SoftmaxDLikeLse {
+  __device__ bool zeroes_dq_accum() const { return false; }  // fa2's slots: a memset
   __device__ int rows(const AttentionBackwardParams&, const BackwardSequenceView& view) const {
     return view.seqlen_q;
   }
@@ -107,6 +109,16 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
   for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2)
     sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (part == 0 && row < rows) destination.store(p, view, batch, head, row, sum);
+  // The block's rows of the dq accumulator (one slot, row stride head_dim, so
+  // contiguous) to zero, in 16-byte stores: the main kernel adds to them after.
+  if (destination.zeroes_dq_accum()) {
+    constexpr int kVectors = kRowsPerBlock * HeadDim / 4;
+    float4* const accum = reinterpret_cast<float4*>(p.dq_accum + view.dq_accum_offset +
+                                                    head * p.dq_accum_head_stride +
+                                                    static_cast<int64_t>(blockIdx.x) * kRowsPerBlock * HeadDim);
+#pragma unroll
+    for (int v = threadIdx.x; v < kVectors; v += kBwdAuxThreads) accum[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -252,20 +252,18 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
   one_accumulator.deterministic = false;
   workspace.dq = fa2_mma_sm80::backward_workspace(one_accumulator, block_m, block_n);
   workspace.total_bytes = workspace.dq.total_bytes;
-  workspace.zeroed_bytes = workspace.dq.dq_accum_bytes;
   if (workspace.total_bytes == 0) return workspace;  // no rows
   workspace.query_blocks = (params.seqlen_q + block_m - 1) / block_m;
   workspace.dq_block_slabs = dq_block_slabs(block_m, params.head_dim);
   const auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator
-  // (zeroed with it), then the padded statistics.
+  // dq_accum_bytes is a multiple of 256: the semaphores follow the accumulator,
+  // then the padded statistics.
   size_t end = workspace.dq.dq_accum_offset + workspace.dq.dq_accum_bytes;
   if (params.deterministic) {
     workspace.semaphore_offset = end;
     workspace.semaphore_bytes =
         round_up(static_cast<size_t>(params.batch) * params.heads * workspace.query_blocks *
                  workspace.dq_block_slabs * sizeof(int));
-    workspace.zeroed_bytes += workspace.semaphore_bytes;
     end += workspace.semaphore_bytes;
   }
   const int64_t rows = params.is_varlen() ? params.total_rows_q : static_cast<int64_t>(params.batch) * params.seqlen_q;

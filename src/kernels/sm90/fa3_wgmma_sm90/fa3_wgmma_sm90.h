@@ -418,8 +418,8 @@ std::string backward_unsupported_reason(const AttentionBackwardParams& params);
 // fa2_mma_sm80's (its deterministic slots are not used: the deterministic
 // mode orders the additions with semaphores), then, in deterministic mode,
 // int32 semaphores (batch, heads, query_blocks, dq_block_slabs: one a 64 x 64
-// slab of the block). The accumulator and the semaphores are contiguous:
-// zeroed_bytes from the accumulator's start.
+// slab of the block). The preprocess zeros the accumulator's rows (PaddedRowStats);
+// the semaphores are zeroed by a memset.
 struct BackwardWorkspace {
   fa2_mma_sm80::BackwardWorkspace dq;
   // The rows' LSE in base 2 and D, float32 (heads, stats_rows) each, every
@@ -431,7 +431,7 @@ struct BackwardWorkspace {
   size_t semaphore_offset = 0, semaphore_bytes = 0;
   int query_blocks = 0;  // ceil(seqlen_q / block_m), seqlen_q the longest sequence
   int dq_block_slabs = 0;  // dq_block_slabs(block_m, head_dim)
-  size_t zeroed_bytes = 0, total_bytes = 0;
+  size_t total_bytes = 0;
 };
 BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n);
 // Where sequence `batch` starts in the padded statistics of a head: a multiple

@@ -3,7 +3,8 @@
 // kernels on one stream, the first and last shared with fa2_mma_sm80
 // (common/backward_dq.cuh):
 //
-// 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32.
+// 1. preprocess: D = rowsum(dO * O) per (batch, head, query row), float32,
+//    and the dq accumulator's rows zeroed (no memset: FA3's way).
 // 2. main (this file): a tile per (key block, kv head, batch), in the tiles'
 //    order or, in the default mode under a right-bounded mask (causal,
 //    windows) from 16 key blocks a pair, in KeyBlockOrder's sections
@@ -77,8 +78,8 @@
 //
 // Deterministic mode (a separate instantiation): one accumulator, and the key
 // blocks that see a query block add their dQ slabs to it in a fixed order,
-// FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed with
-// the accumulator, counts the key blocks that have added. The consumers stage
+// FA3's semaphores: an int32 per (batch, head, query block, slab), zeroed by a
+// memset before the preprocess, counts the key blocks that have added. The consumers stage
 // their slabs in shared memory (at the head dim split, two a step, one after
 // the other in the consumer's swap buffer); the producer warpgroup's warps 1
 // and 2 (the dQ writers, one per consumer) wait until a slab's count is its
@@ -949,6 +950,11 @@ struct PaddedRowStats {
   float* dsum;
   int64_t stats_rows;
   int block_m;
+  // The padded rows are every row the main kernel adds dQ to (whole query
+  // blocks) and the convert kernel reads: zeroing them here saves the memset's
+  // launch and its own pass (FA3's preprocess does the same).
+  bool zero_dq_accum = true;
+  __device__ bool zeroes_dq_accum() const { return zero_dq_accum; }
   __device__ int rows(const AttentionBackwardParams&, const BackwardSequenceView& view) const {
     return (view.seqlen_q + block_m - 1) / block_m * block_m;
   }
@@ -980,9 +986,10 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   const PaddedRowStats stats{reinterpret_cast<float*>(base + workspace.lse_log2_offset),
                              reinterpret_cast<float*>(base + workspace.dsum_offset), workspace.stats_rows,
                              Tr::kBlockM};
-  // The accumulator and (deterministic) the semaphores after it start at zero.
-  if (workspace.zeroed_bytes > 0)
-    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(p.dq_accum, 0, workspace.zeroed_bytes, stream));
+  // The accumulator starts at zero (the preprocess zeros it: stats.zero_dq_accum),
+  // and so do the deterministic mode's semaphores after it (a memset, small).
+  if (workspace.semaphore_bytes > 0)
+    FLASHLAB_CUDA_CHECK(cudaMemsetAsync(base + workspace.semaphore_offset, 0, workspace.semaphore_bytes, stream));
   if (has_rows) {
     constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
     const dim3 grid((workspace.query_blocks * Tr::kBlockM + kRows - 1) / kRows, p.heads, p.batch);

@@ -237,9 +237,8 @@ struct BwdTraits {
   // The default mode may stage dQ for the writer warps (backward_dq_add):
   // the keys split has staging buffers of its own; the head dim split stages
   // in its swap buffer, between swaps, and ran 0-2% slower so (H200, session
-  // 39). Not the 64-row blocks at head_dim 128: without a mask that head dim
-  // takes 80 rows (backward_uses_wide_query_blocks), so they never run there.
-  static constexpr bool kWriterAddsDq = !SplitsHeadDim && (HeadDim != 128 || BlockM != 64);
+  // 39).
+  static constexpr bool kWriterAddsDq = !SplitsHeadDim;
   static constexpr int kDqSlabFloats = kTransposedDq ? BlockM * 64 : 64 * 64;
   static constexpr int kDqBlockSlabs = dq_block_slabs(BlockM, HeadDim);
   static constexpr int kDqSlabs = kDqBlockSlabs / kConsumers;
@@ -302,16 +301,15 @@ inline bool backward_uses_wide_query_blocks(const AttentionBackwardParams& p) {
   return p.head_dim == 128 && p.window_left < 0 && p.window_right < 0 && !p.modification.per_element();
 }
 // How tiling Tr's kernel adds dQ for this problem: in order (the deterministic
-// mode), through the writer warps where no mask bounds the walks and no score
-// modification runs (H200, session 39, against red.global.add in the same run:
-// 0.923-0.955x the backward's time at head_dim 128, 0.972-0.983x at 64; under
-// a causal mask, tried only with the deterministic mode's tile order,
-// 0.98-1.02x: not taken), else from the registers.
+// mode), else through the writer warps where no score modification runs (FA3's
+// way; H200, against red.global.add in the same run: without a mask 0.923-0.955x
+// the backward's time at head_dim 128 and 0.972-0.983x at 64, session 39; under
+// a causal mask 0.965-0.980x at 128 and 0.973-0.990x at 64, session 40), else
+// from the registers (softcap and ALiBi: their kernels would double).
 template <class Tr>
 DqAdd backward_dq_add(const AttentionBackwardParams& p) {
   if (p.deterministic) return DqAdd::writer_in_order;
-  const bool unbounded = p.window_left < 0 && p.window_right < 0 && !p.modification.per_element();
-  return Tr::kWriterAddsDq && unbounded ? DqAdd::writer : DqAdd::registers;
+  return Tr::kWriterAddsDq && !p.modification.per_element() ? DqAdd::writer : DqAdd::registers;
 }
 // Calls f with the backward tiling of this problem (a BwdTraits value, a tag):
 // the one choice the launch, the workspace, backward_tile_shape and --locate share.

@@ -42,7 +42,7 @@
 //    128 and 256: one a consumer at 128, two in turn at 256; head_dim 64:
 //    half the 128 query rows x all columns; 80-row blocks: dQ^T, 64 columns x
 //    80 rows a consumer), added to the float32 accumulator in wgmma fragment
-//    order (SlabDqOrder) as backward_dq_add picks (DqAdd): without a mask
+//    order (SlabDqOrder) as backward_dq_add picks (DqAdd): unmodified scores
 //    (keys split) staged in shared memory for the consumer's writer warp
 //    (the producer warpgroup's warps 1 and 2), which adds it with one bulk
 //    reduce-add while the consumer goes on; otherwise red.global.add.v4.f32
@@ -544,7 +544,7 @@ __device__ __forceinline__ void modified_probabilities_and_gradients(
 // contiguous bytes a warp. (The writer warps' bulk reduce-add instead:
 // 0.99-1.02x the time at head_dim 128, 1.00-1.09x at 64 on the H100, session
 // 21; 0.935-0.972x and 0.959-0.989x without a mask on an H200, session 39,
-// with 80-row blocks at 128: backward_dq_add.)
+// with 80-row blocks at 128, and 0.965-0.990x causal, session 40: backward_dq_add.)
 template <int kValues>
 __device__ __forceinline__ void add_dq_slab(float* slab, int warp, int lane, const float (&acc_dq)[kValues]) {
 #pragma unroll
@@ -1023,7 +1023,8 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     // (backward_uses_wide_query_blocks: no mask, unmodified); the head dim
     // split takes no softcap or ALiBi (backward_unsupported_reason).
     if constexpr (!Tr::kTransposedDq) {
-      if (dq_add == DqAdd::registers) kernel = fa3_backward_kernel<Tr, Element, DqAdd::registers>;
+      if constexpr (!Tr::kWriterAddsDq)  // else only the modified kernels add from registers
+        if (dq_add == DqAdd::registers) kernel = fa3_backward_kernel<Tr, Element, DqAdd::registers>;
       if constexpr (!Tr::kSplitsHeadDim)
         if (modified)
           kernel = p.deterministic ? fa3_backward_kernel<Tr, Element, DqAdd::writer_in_order, true>

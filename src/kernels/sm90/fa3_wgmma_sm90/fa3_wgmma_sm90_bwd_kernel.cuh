@@ -410,7 +410,7 @@ __device__ __forceinline__ void backward_dq_writer_in_order(const BwdKernelArgum
   }
 }
 
-// In any order (the default mode without a mask): the writer walks the
+// In any order (the default mode): the writer walks the
 // CTA's tiles as the consumers do (the persistent grid) and hands back every
 // staged slab, the CTA's last too: the consumer takes that hand-back after
 // its last tile.

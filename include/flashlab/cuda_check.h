@@ -28,6 +28,18 @@ void check_kernel_launch(const char* kernel_name, const AttentionParams& params,
 // kernel and device: a call costs about 2 us of host time on the H100 machine.
 void allow_dynamic_shared_memory(const void* kernel, int bytes);
 
+// Launches `kernel` as a programmatic dependent of the kernel before it on
+// `stream` when `programmatic` (sm_90 and newer): it may start once every block
+// of that kernel has called griddepcontrol.launch_dependents (or exited), and
+// it calls griddepcontrol.wait before it reads that kernel's results, so its
+// launch and its work before the wait overlap that kernel's tail. Otherwise
+// (or before sm_90, where the attribute must stay off) a plain launch; the
+// kernel's wait is then a no-op. Errors as a <<<>>> launch's: left for
+// FLASHLAB_CHECK_LAUNCH after it (cudaGetLastError), which names the kernel.
+template <typename... Parameters, typename... Arguments>
+void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   bool programmatic, Arguments&&... arguments);
+
 }  // namespace flashlab
 
 #define FLASHLAB_CUDA_CHECK(expr)                                                     \
@@ -39,3 +51,19 @@ void allow_dynamic_shared_memory(const void* kernel, int bytes);
 
 #define FLASHLAB_CHECK_LAUNCH(kernel_name, params) \
   ::flashlab::check_kernel_launch(kernel_name, params, __FILE__, __LINE__)
+
+template <typename... Parameters, typename... Arguments>
+void flashlab::launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
+                             cudaStream_t stream, bool programmatic, Arguments&&... arguments) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  static_cast<void>(cudaLaunchKernelEx(&config, kernel, static_cast<Arguments&&>(arguments)...));
+}

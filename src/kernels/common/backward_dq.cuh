@@ -17,6 +17,11 @@
 //   Order with kTransposed = true holds transposed tiles (fa3_wgmma_sm90's
 //   dQ^T): value i at row + i % 2, column + 8 * (i / 2).
 //
+// Both may run as programmatic dependent launches (launch_kernel): the
+// preprocess lets the main kernel launch once all its blocks have started,
+// and the convert waits for the main kernel (griddepcontrol.wait, a no-op in
+// a plain launch) before it reads the accumulator.
+//
 // The workspace (softmax_d, the slots, their strides) is BackwardWorkspace
 // (fa2_mma_sm80.h), the same for both kernels with their own block_m.
 #pragma once
@@ -75,6 +80,7 @@ __global__ void __launch_bounds__(kBwdAuxThreads)
   constexpr int kRowsPerBlock = kBwdAuxThreads / kThreadsPerRow;
   static_assert(32 % kThreadsPerRow == 0 && kThreadsPerRow <= kChunks, "row groups inside a warp");
 
+  sm80::pdl_launch_dependents();  // the main kernel may launch; it waits for this grid before reading D
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const BackwardSequenceView view = backward_sequence_view(p, batch);
@@ -241,6 +247,9 @@ __global__ void __launch_bounds__(kConvertThreads)
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
+  // The main kernel's additions complete (before any return: a grid whose
+  // blocks all return early must still end after the main kernel).
+  sm80::pdl_wait_for_prerequisite_grid();
   const BackwardSequenceView view = backward_sequence_view(p, batch);
   if (m_block * kBM >= view.seqlen_q) return;  // whole block
 

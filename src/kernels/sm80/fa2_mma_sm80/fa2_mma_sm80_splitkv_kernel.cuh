@@ -726,20 +726,11 @@ void launch_kvcache(const KvCacheParams& params, int num_splits) {
       // A programmatic dependent launch on sm_90 (its launch overlaps the
       // split kernel's tail; about 3 us of a 27 us batch-1 decode step), a
       // plain one before.
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>((rows + 3) / 4));
-      config.blockDim = dim3(128);
-      config.stream = stream;
-      cudaLaunchAttribute attribute = {};
-      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attribute.val.programmaticStreamSerializationAllowed = 1;
-      config.attrs = &attribute;
-      config.numAttrs = params.device_compute_capability >= 90 ? 1 : 0;
       const auto combine = params.modification.sinks != nullptr ? combine_kernel<Element, kD, true>
                                                                  : combine_kernel<Element, kD, false>;
-      FLASHLAB_CUDA_CHECK(cudaLaunchKernelEx(&config, combine, static_cast<const KvCacheParams&>(params),
-                                             static_cast<const float*>(o_partial),
-                                             static_cast<const float*>(lse_partial), num_splits));
+      launch_kernel(combine, dim3(static_cast<unsigned>((rows + 3) / 4)), dim3(128), 0, stream,
+                    params.device_compute_capability >= 90, static_cast<const KvCacheParams&>(params),
+                    static_cast<const float*>(o_partial), static_cast<const float*>(lse_partial), num_splits);
       FLASHLAB_CHECK_LAUNCH("fa2_mma_sm80 (split-KV combine)", params);
     }
   });

@@ -290,7 +290,13 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
     };
     // The CTA's first tile: K and V ahead of its first Q and dO (nothing to wait for).
     const bool keys_first = kv_round == 0;
-    if (keys_first) load_keys_and_values();
+    if (keys_first) {
+      load_keys_and_values();
+      // The preprocess (this grid's programmatic prerequisite) writes the
+      // statistics and zeros the dq accumulator: the CTA's first K and V
+      // go out before the wait, under its tail.
+      sm80::pdl_wait_for_prerequisite_grid();
+    }
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + walk.head_in_group(step);
@@ -320,6 +326,8 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
       if (step == 0 && !keys_first) load_keys_and_values();
     }
   }
+  // The convert kernel may launch (it waits for this grid before reading).
+  sm80::pdl_launch_dependents();
 }
 
 // ---------------------------------------------------------------------------
@@ -926,6 +934,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const BwdBarriers<Tr> barriers(reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset));
   if (threadIdx.x == 0) barriers.init();
   __syncthreads();
+  // The preprocess zeros the accumulator the writers and consumers add to.
+  // Warp 0 (the producer thread; its other lanes leave) waits after its first
+  // K/V loads: a wait on its other lanes would hold it at their reconvergence.
+  if (threadIdx.x >= 32) sm80::pdl_wait_for_prerequisite_grid();
   if (threadIdx.x < 128) {
     sm90::setmaxnreg_decrease<Tr::kProducerRegisters>();
     if (threadIdx.x == 0) backward_producer<Tr, Element, kDq>(args, smem, barriers);
@@ -1033,13 +1045,15 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
     args.tiles = backward_tiles(p, Tr::kBlockN);
     const int ctas = backward_grid_ctas(p, args.tiles, device.multiprocessors);
-    kernel<<<ctas, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
+    // A dependent of the preprocess only where there is one (no rows: the
+    // kernel before may be anything, and its reads before the wait unordered).
+    launch_kernel(kernel, dim3(ctas), dim3(Tr::kThreads), Tr::kSmemBytes, stream, has_rows, args);
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward", p);
   }
   if (has_rows) {
     const dim3 grid((p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM, p.heads, p.batch);
-    backward_convert_dq_kernel<SlabDqOrder<Tr>, Element><<<grid, kConvertThreads, 0, stream>>>(
-        p, 1, dq.dq_accum_slot_stride, nullptr);
+    launch_kernel(backward_convert_dq_kernel<SlabDqOrder<Tr>, Element>, grid, dim3(kConvertThreads), 0, stream,
+                  true, p, 1, dq.dq_accum_slot_stride, static_cast<const int*>(nullptr));
     FLASHLAB_CHECK_LAUNCH("fa3_wgmma_sm90 backward (convert dq)", p);
   }
 }

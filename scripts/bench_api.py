@@ -7,7 +7,12 @@ way a model runs them, against torch SDPA's backends in the same loop.
            F.scaled_dot_product_attention(q, k, v, enable_gqa=True) on (B, H, L, D)
            copies of the cache, SDPA's cuDNN and FLASH backends pinned in turn;
   tiny     flash_attn_func on a small causal problem (the per-call overhead),
-           forward only and forward + backward, against SDPA the same way.
+           forward only and forward + backward, against SDPA the same way;
+  train    (--train HEAD_DIMS) flash_attn_func forward + backward at training
+           sizes (--train-tokens per batch, 2048 / head_dim heads, each of
+           --train-seqlens, causal and not), against SDPA the same way, and its
+           deterministic mode: the forward alone and forward + backward, so the
+           backward alone is their difference (what issue 32's table reads).
 
 Rows: flashlab (the public Python function), flashlab_op (torch.ops.flashlab.*
 called directly: the C++ API behind torch's dispatcher), flashlab_graph (one
@@ -128,33 +133,89 @@ def decode_rows(flashlab, batch, cache_len, heads, kv_heads, head_dim, dtype):
     return rows
 
 
-def tiny_rows(flashlab, batch, seqlen, heads, head_dim, dtype, backward):
-    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype,
-                           requires_grad=backward) for _ in range(3))
-    dout = torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
-    qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(backward) for x in (q, k, v))
-    doutt = dout.transpose(1, 2)
-    op = torch.ops.flashlab.fwd
+class Problem:
+    """Q, K, V and dO of flash_attn_func's (B, S, H, D) layout, and SDPA's (B, H, S, D): transposed
+    views, or (copies=True) contiguous copies made once, as flashlab-bench's --torch-layout."""
 
-    def finish(out, grad):
-        if backward:
+    def __init__(self, batch, seqlen, heads, head_dim, dtype, backward, copies=False):
+        self.backward = backward
+        self.q, self.k, self.v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype,
+                                              requires_grad=backward) for _ in range(3))
+        self.dout = torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
+
+        def bhsd(x):
+            x = x.detach().transpose(1, 2)
+            return x.contiguous() if copies else x
+        self.qt, self.kt, self.vt = (bhsd(x).requires_grad_(backward) for x in (self.q, self.k, self.v))
+        self.doutt = bhsd(self.dout)
+
+    def finish(self, out, grad):
+        """The backward of one call's output, when timed with it."""
+        if self.backward:
             out.backward(grad)
 
+    def sdpa_rows(self, causal):
+        rows = {}
+        for name, backend in SDPA_BACKENDS.items():
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    self.finish(F.scaled_dot_product_attention(self.qt, self.kt, self.vt, is_causal=causal),
+                                self.doutt)
+            rows[name] = sdpa
+        return rows
+
+
+def tiny_rows(flashlab, batch, seqlen, heads, head_dim, dtype, backward):
+    x = Problem(batch, seqlen, heads, head_dim, dtype, backward)
+    op = torch.ops.flashlab.fwd
+
     def api():
-        finish(flashlab.flash_attn_func(q, k, v, causal=True), dout)
+        x.finish(flashlab.flash_attn_func(x.q, x.k, x.v, causal=True), x.dout)
 
     def direct():
-        finish(op(q, k, v, None, True, -1, -1, False, "auto")[0], dout)
+        x.finish(op(x.q, x.k, x.v, None, True, -1, -1, False, "auto")[0], x.dout)
 
     rows = {"flashlab": api, "flashlab_op": direct}
     replay, error = graph_of(api) if not backward else (None, "not captured (backward: see tests)")
     rows["flashlab_graph"] = replay or error
-    for name, backend in SDPA_BACKENDS.items():
-        def sdpa(backend=backend):
-            with sdpa_kernel(backend):
-                finish(F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), doutt)
-        rows[name] = sdpa
-    return rows
+    return {**rows, **x.sdpa_rows(causal=True)}
+
+
+def train_rows(flashlab, batch, seqlen, heads, head_dim, dtype, causal, backward):
+    x = Problem(batch, seqlen, heads, head_dim, dtype, backward, copies=True)
+
+    def api(deterministic):
+        return lambda: x.finish(flashlab.flash_attn_func(x.q, x.k, x.v, causal=causal,
+                                                         deterministic=deterministic), x.dout)
+    return {"flashlab": api(False), "flashlab_det": api(True), **x.sdpa_rows(causal)}
+
+
+def print_train_table(cases):
+    names = ["flashlab", "flashlab_det", "sdpa_cudnn", "sdpa_flash"]
+    print("\nflash_attn_func at training sizes: ms per step (CUDA events around the loop); "
+          "bwd = fwd+bwd - fwd")
+    print(f"{'case':<22}" + "".join(f"{n + ' fwd+bwd':>22}" for n in names) +
+          f"{'x cudnn':>9}{'x flash':>9}{'bwd x cudnn':>13}{'bwd x flash':>13}{'det/def':>9}")
+    for case, results in cases.items():
+        both, fwd = results["fwd+bwd"], results["fwd"]
+        ms = {n: both[n]["step_us"] / 1000 for n in names if "step_us" in both.get(n, {})}
+        bwd = {n: (both[n]["step_us"] - fwd[n]["step_us"]) / 1000 for n in names
+               if "step_us" in both.get(n, {}) and "step_us" in fwd.get(n, {})}
+        cells = "".join(f"{ms[n]:>22.3f}" if n in ms else f"{'fails':>22}" for n in names)
+
+        def ratio(table, other, width):
+            if "flashlab" in table and other in table:
+                return f"{table[other] / table['flashlab']:>{width}.3f}"
+            return f"{'-':>{width}}"
+        det = (f"{ms['flashlab_det'] / ms['flashlab']:>9.3f}" if "flashlab" in ms and "flashlab_det" in ms
+               else f"{'-':>9}")
+        print(f"{case:<22}{cells}{ratio(ms, 'sdpa_cudnn', 9)}{ratio(ms, 'sdpa_flash', 9)}"
+              f"{ratio(bwd, 'sdpa_cudnn', 13)}{ratio(bwd, 'sdpa_flash', 13)}{det}")
+    for case, results in cases.items():
+        for part, rows in results.items():
+            for name, r in rows.items():
+                if "error" in r:
+                    print(f"  {case} {part} {name}: {r['error']}")
 
 
 def print_table(title, cases):
@@ -190,6 +251,11 @@ def main():
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--tiny", default="4x128,4x512", help="BxS problems of flash_attn_func "
                         "(16 heads, head_dim 64, causal); empty: none")
+    parser.add_argument("--train", default="", help="head dims of the training-size rows "
+                        "(e.g. 64,128,256); empty: none")
+    parser.add_argument("--train-seqlens", default="1024,4096,16384")
+    parser.add_argument("--train-tokens", type=int, default=16384, help="batch x seqlen of each row")
+    parser.add_argument("--train-steps", type=int, default=10, help="calls a loop (training rows)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--loops", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=20)
@@ -205,7 +271,7 @@ def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashlab from "
           f"{flashlab.library_path()}")
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "decode": {}, "tiny": {}}
+              "decode": {}, "tiny": {}, "train": {}}
     for batch in parse_ints(args.batches):
         for cache_len in parse_ints(args.cache_lens):
             case = f"b{batch} L{cache_len}"
@@ -221,6 +287,20 @@ def main():
             rows = tiny_rows(flashlab, batch, seqlen, 16, 64, dtype, backward)
             report["tiny"][case] = run_rows(rows, args)
     print_table(f"flash_attn_func, causal, {args.dtype}", report["tiny"])
+    train_args = argparse.Namespace(**{**vars(args), "steps": args.train_steps,
+                                       "warmup": max(2, args.train_steps // 2)})
+    for head_dim in parse_ints(args.train):
+        for seqlen in parse_ints(args.train_seqlens):
+            for causal in (False, True):
+                batch, heads = max(1, args.train_tokens // seqlen), max(1, 2048 // head_dim)
+                case = f"d{head_dim} b{batch} s{seqlen} {'causal' if causal else 'full'}"
+                report["train"][case] = {
+                    part: run_rows(train_rows(flashlab, batch, seqlen, heads, head_dim, dtype, causal,
+                                              part == "fwd+bwd"), train_args)
+                    for part in ("fwd", "fwd+bwd")}
+                torch.cuda.empty_cache()
+    if report["train"]:
+        print_train_table(report["train"])
     if args.json:
         with open(args.json, "w") as file:
             json.dump(report, file, indent=1)

@@ -228,6 +228,35 @@ class AbTable(unittest.TestCase):
         self.assertIn("missing_a.json", result.stderr)
 
 
+class ApiTrainTable(unittest.TestCase):
+    """scripts/bench_api.py --train's table: the backward alone is fwd+bwd - fwd of each row."""
+
+    def test_backward_is_the_difference(self):
+        try:
+            import bench_api  # imports torch
+        except ImportError as error:
+            self.skipTest(f"bench_api.py needs torch: {error}")
+        import contextlib
+        import io
+
+        def row(us):
+            return {"step_us": us, "host_us": 5.0}
+        cases = {"d128 b4 s4096 full": {
+            "fwd": {"flashlab": row(900.0), "flashlab_det": row(900.0), "sdpa_cudnn": row(950.0),
+                    "sdpa_flash": row(1500.0)},
+            "fwd+bwd": {"flashlab": row(3500.0), "flashlab_det": row(3640.0), "sdpa_cudnn": row(3600.0),
+                        "sdpa_flash": {"error": "RuntimeError: refused"}}}}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            bench_api.print_train_table(cases)
+        line = next(text for text in out.getvalue().splitlines() if text.startswith("d128 b4 s4096 full"))
+        cells = line.split()
+        # fwd+bwd x cuDNN 3600 / 3500; backward alone (3600 - 950) / (3500 - 900); det/def 3640 / 3500.
+        self.assertEqual(cells[4:8], ["3.500", "3.640", "3.600", "fails"])
+        self.assertEqual(cells[8:], ["1.029", "-", "1.019", "-", "1.040"])
+        self.assertIn("fwd+bwd sdpa_flash: RuntimeError: refused", out.getvalue())
+
+
 class ForwardTable(unittest.TestCase):
     def test_reads_a_text_summary(self):
         summary = (

@@ -888,12 +888,18 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_registers(acc_dq);
       sm90::fence_registers(acc_dv);
       release(&do_empty[do_stage]);
+      // The walk's last step reads K and V no more once its last dQ GEMM is
+      // done (dK's reads Q and dS): the producer may load the next tile's
+      // under dK, the dQ slab and the dK/dV stores (the persistent grid).
+      const bool last_step = step + 1 == walk.steps;
+      if (Tr::kDqSlabs == 1 && last_step) release(kv_empty);
 #pragma unroll
       for (int i = 0; i < Tr::kDqSlabs; ++i) {
         if (i > 0) {  // the head dim split's second slab, in the same registers
           issue_dq(sm90::smem_address(ds_tile), i);
           sm90::wgmma_wait<0>();
           sm90::fence_registers(acc_dq);
+          if (i == Tr::kDqSlabs - 1 && last_step) release(kv_empty);
         }
         // A staging buffer is busy until the writer has read the previous
         // slab, the last tile's too (at the head dim split the first slab's,
@@ -906,12 +912,8 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
-    // K and V are read (the last step's GEMMs are done): the producer may
-    // load the next tile's while this one's dK and dV go out.
-    if (walk.steps > 0) {
-      release(kv_empty);
-      ++kv_round;
-    }
+    // The last step released K and V (kv_empty).
+    if (walk.steps > 0) ++kv_round;
     store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
                                      acc_dv);
     if constexpr (kOrdered) break;  // a CTA a tile

@@ -546,22 +546,43 @@ std::vector<KernelCase> backward_persistent_grid_cases(int compute_capability, c
   // two tiles back to back (the second's K/V loaded once the first's are
   // released). 144 tiles at each head dim's key block (128 keys; 64 at 256),
   // GQA, odd query rows.
+  // With a mask or variable lengths the walks differ and the CTAs take their
+  // next tiles from a counter (head dims 64 and 128; 256 runs a CTA a tile
+  // there): causal (every key block seen), a window that leaves the first key
+  // blocks unseen (zeros, handed out without K and V), and a variable-length
+  // batch whose shorter sequences leave tiles past their keys (never handed out).
   struct Shape {
     int batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
     at::ScalarType dtype;
+    bool causal = false;
+    int window_left = -1, window_right = -1;
+    std::vector<int> seqlens_q = {}, seqlens_k = {};
+    double softcap = 0.0;
   };
   const Shape shapes[] = {{8, 16, 2, 113, 1100, 128, at::kBFloat16},
                           {2, 8, 8, 301, 1100, 64, at::kHalf},
-                          {1, 16, 8, 77, 1100, 256, at::kBFloat16}};
+                          {1, 16, 8, 77, 1100, 256, at::kBFloat16},
+                          {8, 16, 2, 113, 1100, 128, at::kHalf, true},
+                          {2, 8, 8, 113, 1100, 64, at::kBFloat16, false, 100, 0},
+                          {4, 16, 8, 0, 0, 256, at::kBFloat16, true, -1, -1, {7, 1100, 300, 1}, {7, 1100, 300, 1}},
+                          // a score modification (dQ added from the consumers' registers) on the counter
+                          {2, 8, 8, 113, 2177, 64, at::kHalf, true, -1, -1, {}, {}, 30.0}};
   std::vector<KernelCase> cases;
   for (const auto& kernel : kernels)
     for (const Shape& shape : shapes) {
-      ProblemSpec spec = grouped_spec(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.dtype);
+      ProblemSpec spec = grouped_spec(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.dtype, shape.causal);
       spec.heads = shape.heads, spec.kv_heads = shape.kv_heads, spec.head_dim = shape.head_dim;
+      spec.window_left = shape.window_left, spec.window_right = shape.window_right;
+      spec.seqlens_q = shape.seqlens_q, spec.seqlens_k = shape.seqlens_k;
+      spec.softcap = shape.softcap;
+      const std::string lengths = spec.is_varlen() ? "_varlen" : seqlen_label(shape.seqlen_q, shape.seqlen_k);
+      const std::string mask = shape.causal ? "_causal"
+                               : shape.window_left >= 0 ? window_label(shape.window_left, shape.window_right)
+                                                        : "";
       add_if_backward_supported(cases, kernel,
-                                std::string(dtype_label(spec.dtype)) + "_d" + std::to_string(shape.head_dim) +
-                                    seqlen_label(shape.seqlen_q, shape.seqlen_k) + "_b" + std::to_string(shape.batch) +
-                                    "_kv" + std::to_string(shape.kv_heads),
+                                std::string(dtype_label(spec.dtype)) + "_d" + std::to_string(shape.head_dim) + lengths +
+                                    "_b" + std::to_string(shape.batch) + "_kv" + std::to_string(shape.kv_heads) + mask +
+                                    (shape.softcap > 0 ? "_softcap" : ""),
                                 spec, compute_capability);
     }
   return cases;
@@ -690,6 +711,10 @@ std::vector<KernelCase> backward_sanitizer_cases(int compute_capability, const K
       // more tiles than SMs (fa3: 18 key blocks x 8 kv heads = 144): its persistent grid's
       // CTAs walk a second tile, the dQ writer warps' hand-backs across tiles included
       {"bf16_d128_q7_k2177_kv8", bf16, 128, 1, 8, 8, 7, 2177, false, -1, -1, false, false},
+      // the same under masks: the CTAs take their next tiles from a counter; the
+      // window leaves most key blocks unseen (handed out without K and V)
+      {"fp16_d128_q7_k2177_kv8_causal", fp16, 128, 1, 8, 8, 7, 2177, true, -1, -1, false, false},
+      {"bf16_d64_q7_k2177_kv8_w16_0", bf16, 64, 1, 8, 8, 7, 2177, false, 16, 0, false, false},
       {"bf16_d64_q203_k113_w17_33_softcap_alibi_sinks", bf16, 64, 1, 2, 1, 203, 113, false, 17, 33, false, false, true},
       {"fp16_d128_varlen_causal", fp16, 128, 1, 2, 1, 113, 203, true, -1, -1, true, false},  // lengths below
       {"bf16_d128_q113_k203_causal_deterministic", bf16, 128, 1, 2, 1, 113, 203, true, -1, -1, false, true},

@@ -103,7 +103,7 @@ struct BackwardElementLocation {
   std::string keys_unavailable;  // non-empty: why (the key row is past its sequence)
   int key_block = 0;
   int key_block_tile = -1;               // its tile, in the order the CTAs take them
-  int key_block_cta[3] = {-1, -1, -1};  // the blockIdx of the CTA that walks that tile
+  int key_block_cta[3] = {-1, -1, -1};  // the blockIdx of the CTA that walks that tile (-1: decided at run time)
   RegisterSlot dk, dv;
   std::string key_note;   // what the registers hold, how the store scales them
   std::string walk_note;  // the query blocks and heads the block walks, in order

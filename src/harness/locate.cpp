@@ -225,8 +225,9 @@ std::string format_backward_location(const KernelVariant& kernel, const ProblemS
   if (!location.keys_unavailable.empty()) {
     text << "dk/dv" << element << kv_head << "," << column << "]: " << location.keys_unavailable << "\n";
   } else {
-    text << "dk/dv" << element << kv_head << "," << column << "]: key block " << location.key_block << ", block "
-         << triple(location.key_block_cta)
+    text << "dk/dv" << element << kv_head << "," << column << "]: key block " << location.key_block << ", "
+         << (location.key_block_cta[0] >= 0 ? "block " + triple(location.key_block_cta)
+                                            : std::string("the block that takes it from the tile counter"))
          << (location.key_block_tile >= 0 ? " (tile " + std::to_string(location.key_block_tile) + ")" : "") << "\n"
          << "         dk: " << slot_text(location.dk) << "\n"
          << "         dv: " << slot_text(location.dv) << "\n"

@@ -251,8 +251,9 @@ TEST(SanitizerCases, CoverEveryBackwardAtHeadDims64And128AndItsDeterministicMode
   // A backward run costs about two or three forward runs under each tool
   // (20 since session 29: the head_dim 256 case of fa2 and fa3, tiny; 23 since
   // session 37: fa3's 80-row query blocks, on every kernel; run_sanitizer.sh's
-  // backward budget rose with it; 26 since session 39: more tiles than SMs).
-  EXPECT_LE(cases.size(), 26u) << "backward sanitizer runs per tool";
+  // backward budget rose with it; 26 since session 39: more tiles than SMs;
+  // 32 since session 41: the same under masks, fa3's tile counter).
+  EXPECT_LE(cases.size(), 32u) << "backward sanitizer runs per tool";
   for (const auto& kernel_case : cases) {
     EXPECT_LE(score_elements(kernel_case.spec), 1 << 17) << kernel_case.name << " is not tiny";
   }

@@ -562,6 +562,37 @@ TEST(LocateBackward, Fa3PersistentGridWalksEveryGridSizethTile) {
   EXPECT_EQ(deterministic.stops[0].condition.find("tile =="), std::string::npos);
 }
 
+// More tiles than SMs under a causal mask: the persistent grid takes each
+// CTA's next tile from a counter, so no blockIdx walks a given tile past the
+// grid's first; the key row's stop names the tile alone. The deterministic
+// mode keeps a CTA a tile.
+TEST(LocateBackward, Fa3DynamicGridNamesTheTileNotTheCta) {
+  ProblemSpec spec = fa3_backward_spec(8, 4, 2, 300, 2100, 128);  // 17 key blocks x 2 kv heads x 8
+  spec.causal = true;
+  const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");
+  const int tiles = 17 * 2 * 8;
+  const BackwardElementLocation dynamic = locate_backward_element(kernel, spec, false, 7, 3, 2050, 5);
+  EXPECT_EQ(dynamic.grid[0], fa3_wgmma_sm90::kLocateMultiprocessors);
+  EXPECT_EQ(dynamic.key_block_cta[0], -1);
+  ASSERT_GE(dynamic.key_block_tile, fa3_wgmma_sm90::kLocateMultiprocessors);  // past the grid's first tiles
+  ASSERT_LT(dynamic.key_block_tile, tiles);
+  ASSERT_FALSE(dynamic.stops.empty());
+  EXPECT_NE(dynamic.stops[0].condition.find("tile == " + std::to_string(dynamic.key_block_tile)), std::string::npos);
+  EXPECT_EQ(dynamic.stops[0].condition.find("blockIdx"), std::string::npos);
+  // The grid's first tiles are each CTA's first: tile 0 (key block 0 of batch 0, kv head 0) is CTA 0's.
+  const BackwardElementLocation first = locate_backward_element(kernel, spec, false, 0, 0, 5, 5);
+  EXPECT_EQ(first.key_block_tile, 0);
+  EXPECT_EQ(first.key_block_cta[0], 0);
+  ASSERT_FALSE(first.stops.empty());
+  EXPECT_NE(first.stops[0].condition.find("blockIdx.x == 0 && tile == 0"), std::string::npos);
+  const BackwardElementLocation deterministic = locate_backward_element(kernel, spec, true, 7, 3, 2050, 5);
+  EXPECT_EQ(deterministic.grid[0], tiles);
+  EXPECT_EQ(deterministic.key_block_cta[0], deterministic.key_block_tile);
+  ASSERT_FALSE(deterministic.stops.empty());
+  EXPECT_NE(deterministic.stops[0].condition.find("blockIdx.x == " + std::to_string(deterministic.key_block_tile)),
+            std::string::npos);
+}
+
 TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {
   const ProblemSpec spec = fa3_backward_spec(1, 2, 2, 113, 203, 128);
   const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");

@@ -246,7 +246,8 @@ TileShape backward_tile_shape(const AttentionBackwardParams& params) {
   return shape;
 }
 
-BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n) {
+BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n,
+                                     bool tile_counter) {
   BackwardWorkspace workspace;
   AttentionBackwardParams one_accumulator = params;
   one_accumulator.deterministic = false;
@@ -266,6 +267,11 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
                  workspace.dq_block_slabs * sizeof(int));
     end += workspace.semaphore_bytes;
   }
+  if (tile_counter) {
+    workspace.tile_counter_offset = end;
+    workspace.tile_counter_bytes = round_up(sizeof(int));
+    end += workspace.tile_counter_bytes;
+  }
   const int64_t rows = params.is_varlen() ? params.total_rows_q : static_cast<int64_t>(params.batch) * params.seqlen_q;
   workspace.stats_rows = params.is_varlen()
                              ? (rows + static_cast<int64_t>(params.batch) * block_m + block_m - 1) / block_m * block_m
@@ -278,8 +284,15 @@ BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int 
 }
 
 size_t backward_workspace_bytes(const AttentionBackwardParams& params) {
-  const TileShape tiles = backward_tile_shape(params);
-  return tiles.block_k == 0 ? 0 : backward_workspace(params, tiles.block_q, tiles.block_k).total_bytes;
+  size_t bytes = 0;
+  FLASHLAB_HEAD_DIM_SWITCH(BackwardHeadDims, params.head_dim, kHeadDim, [&] {
+    with_bwd_traits<kHeadDim>(params, [&](auto traits) {
+      using Tr = decltype(traits);
+      bytes = backward_workspace(params, Tr::kBlockM, Tr::kBlockN, backward_schedules_dynamically<Tr>(params))
+                  .total_bytes;
+    });
+  });
+  return bytes;
 }
 
 }  // namespace fa3_wgmma_sm90

@@ -230,6 +230,14 @@ struct BwdTraits {
   // contiguous (stmatrix.trans), the K-major B of that GEMM. Otherwise dS^T is
   // stored keys as rows, the MN-major A of dQ = dS K.
   static constexpr bool kTransposedDq = BlockM % 64 != 0;
+  // The default mode's kernels take their tiles from the producer, which
+  // hands each out with its K and V (BwdBarriers::tile), so that a persistent
+  // grid can take them from a counter where walks differ (causal, windows,
+  // varlen; backward_schedules_dynamically). Not at the head dim split, where
+  // the hand-out's code cost 0.7-1.7% without a mask and the counter gained
+  // 0.2-0.8% under a causal mask (H200, session 42), nor at 80 rows, which run
+  // without a mask only: those keep the static schedule's code.
+  static constexpr bool kHandsOutTiles = !SplitsHeadDim && !kTransposedDq;
   // dQ goes out in slabs, kDqSlabs per consumer a step: 64 x 64 split along
   // the head dim when the block has 64 rows, along the rows when it has 128;
   // transposed, one block_m x 64 slab a consumer.
@@ -275,7 +283,9 @@ struct BwdTraits {
   static constexpr int kBarrierOffset =
       SplitsHeadDim ? kSwapOffset + kConsumers * kSwapBytes : kDqStageOffset + kConsumers * kDqSlabBytes;
   static constexpr int kBarriers = 2 + 4 * Stages;  // BwdBarriers: kv full/empty; q, do full/empty a stage
-  static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers + 1024;
+  // The tile the producer hands out with each K/V load (BwdBarriers::tile).
+  static constexpr int kTileSlotOffset = kBarrierOffset + 8 * kBarriers;
+  static constexpr int kSmemBytes = kTileSlotOffset + 16 + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "tiles exceed the shared memory of a block");
   static_assert(HeadDim % 64 == 0 && BlockM % 16 == 0 && BlockM <= 128, "whole panels, whole k16 steps");
   static_assert(BlockM % 64 == 0 || (HeadDim == 64 * kConsumers && !SplitsHeadDim),
@@ -427,11 +437,14 @@ struct BackwardWorkspace {
   size_t lse_log2_offset = 0, dsum_offset = 0, stats_bytes = 0;
   int64_t stats_rows = 0;
   size_t semaphore_offset = 0, semaphore_bytes = 0;
+  // backward_schedules_dynamically (tile_counter): the next tile's counter (int32), zeroed.
+  size_t tile_counter_offset = 0, tile_counter_bytes = 0;
   int query_blocks = 0;  // ceil(seqlen_q / block_m), seqlen_q the longest sequence
   int dq_block_slabs = 0;  // dq_block_slabs(block_m, head_dim)
   size_t total_bytes = 0;
 };
-BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n);
+BackwardWorkspace backward_workspace(const AttentionBackwardParams& params, int block_m, int block_n,
+                                     bool tile_counter);
 // Where sequence `batch` starts in the padded statistics of a head: a multiple
 // of block_m (FA3's rule for variable lengths: floor((first row + batch *
 // block_m) / block_m) * block_m, so sequences never overlap).
@@ -500,19 +513,32 @@ inline KeyBlockOrder backward_key_block_order(const AttentionBackwardParams& par
 inline int backward_tiles(const AttentionBackwardParams& params, int block_n) {
   return (params.seqlen_k + block_n - 1) / block_n * params.kv_heads * params.batch;
 }
-// Its grid: where every tile walks as far (no mask bounds the walks, one
-// sequence length; the default mode), one CTA an SM, each walking every
-// multiprocessors-th tile back to back, so that a tile's epilogue overlaps the
-// next tile's first loads: 0.976-0.986x the time at 1k, near the run's
-// spread; no change beyond it at 4k and 16k (H200, session 38). Otherwise
-// a CTA a tile: the hardware's order balances walks of different lengths
-// (with KeyBlockOrder's sections), and the deterministic mode's waits count
-// on it.
-inline bool backward_runs_persistent(const AttentionBackwardParams& params) {
-  return !params.deterministic && params.window_left < 0 && params.window_right < 0 && !params.is_varlen();
+// Its grid in the default mode: one CTA an SM, walking tiles back to back, so
+// that a tile's epilogue overlaps the next tile's first loads. Where every
+// tile walks as far (no mask bounds the walks, one sequence length) CTA c
+// takes tiles c, c + grid, ...: 0.976-0.986x the time of a CTA a tile at 1k,
+// no change beyond the spread at 4k and 16k (H200, session 38). Where walks
+// differ (masks, variable lengths) a fixed stride is unbalanced (under a causal
+// mask at 1k CTA c would walk key blocks c % 8 and c % 8 + 4 only): where the
+// kernels hand tiles out (BwdTraits::kHandsOutTiles) each CTA takes its next
+// from a counter (backward_schedules_dynamically), in the order the hardware
+// would launch a CTA a tile (KeyBlockOrder's sections): causal 0.92-0.99x the
+// time of a CTA a tile at head dims 64 and 128, 1k and 4k (H200, session 42).
+// Otherwise, and in the deterministic mode (its waits count on the
+// hardware's order), a CTA a tile.
+template <class Tr>
+bool backward_runs_persistent(const AttentionBackwardParams& params) {
+  if (params.deterministic) return false;
+  return Tr::kHandsOutTiles || (params.window_left < 0 && params.window_right < 0 && !params.is_varlen());
 }
-inline int backward_grid_ctas(const AttentionBackwardParams& params, int tiles, int multiprocessors) {
-  return backward_runs_persistent(params) ? std::min(tiles, multiprocessors) : tiles;
+template <class Tr>
+bool backward_schedules_dynamically(const AttentionBackwardParams& params) {
+  return Tr::kHandsOutTiles && backward_runs_persistent<Tr>(params) &&
+         (params.window_left >= 0 || params.window_right >= 0 || params.is_varlen());
+}
+template <class Tr>
+int backward_grid_ctas(const AttentionBackwardParams& params, int tiles, int multiprocessors) {
+  return backward_runs_persistent<Tr>(params) ? std::min(tiles, multiprocessors) : tiles;
 }
 TileShape backward_tile_shape(const AttentionBackwardParams& params);
 template <int HeadDim>

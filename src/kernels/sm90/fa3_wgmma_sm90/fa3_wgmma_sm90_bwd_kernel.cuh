@@ -8,15 +8,20 @@
 // 2. main (this file): a tile per (key block, kv head, batch), in the tiles'
 //    order or, in the default mode under a right-bounded mask (causal,
 //    windows) from 16 key blocks a pair, in KeyBlockOrder's sections
-//    (common/tile_scheduler.h). Without a mask (default mode, one sequence
-//    length) a persistent grid, one CTA an SM, each walking every
-//    gridDim.x-th tile back to back; otherwise a CTA a tile
-//    (backward_grid_ctas, fa3_wgmma_sm90.h).
+//    (common/tile_scheduler.h). In the default mode a persistent grid, one
+//    CTA an SM walking tiles back to back: without a mask (one sequence
+//    length) every gridDim.x-th tile, otherwise, where the kernels hand tiles
+//    out (BwdTraits::kHandsOutTiles: head dims 64 and 128 at 64 rows), the
+//    next tile from a counter, the producer handing each to the other roles
+//    with its K and V (BwdBarriers); else, and in the deterministic mode, a
+//    CTA a tile (backward_grid_ctas, backward_schedules_dynamically,
+//    fa3_wgmma_sm90.h).
 //    Three warpgroups.
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
-//    first thread loads a tile's K and V (TMA, one transaction barrier; from
-//    the CTA's second tile on after its first Q and dO, once the consumers
-//    have released the last tile's K and V), then for
+//    first thread takes the CTA's tiles and loads a tile's K and V (TMA, one
+//    transaction barrier; from the CTA's second tile on after its first Q and
+//    dO, once the consumers have released the last tile's K and V, in the
+//    last step of its walk), then for
 //    each query head of the kv head's group and each query block that sees
 //    the keys (visible_rows_of_keys) the Q and dO tiles, through rings, with
 //    the rows' LSE in base 2 and D (written padded to whole query blocks by
@@ -67,9 +72,9 @@
 // at a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
 // elements (TMA). At head_dim 256 no softcap or ALiBi (the host path runs
-// those on fa2_mma_sm80). No TMA-store epilogue; the persistent grid's
-// schedule is static (every gridDim.x-th tile), so walks of different
-// lengths (masks, varlen) and the deterministic mode keep a CTA a tile.
+// those on fa2_mma_sm80). No TMA-store epilogue. The deterministic mode keeps
+// a CTA a tile (its waits count on the hardware's order), and so does head_dim
+// 256 under a mask or variable lengths.
 //
 // Score modifications (softcap, ALiBi, sinks): the kModified instantiations
 // take S^T through common/score_modification.h before the mask and multiply
@@ -133,15 +138,33 @@ struct BwdKernelArguments {
   bool rotates_walks = false;  // rotates_backward_walks (deterministic mode)
   KeyBlockOrder order;         // which tile takes which key block (backward_key_block_order)
   int tiles = 0;               // key blocks of the longest sequence x kv heads x batch
+  // backward_schedules_dynamically: the tiles after the grid's first are
+  // taken from this counter (zeroed); null: CTA c takes c, c + grid, ...
+  int* tile_counter = nullptr;
 };
 
-// The CTA's tiles: tile blockIdx.x, then every gridDim.x-th after it (each
-// role loops over them alike). A grid of one CTA a tile runs each once; the
-// persistent grid (backward_grid_ctas) one CTA an SM, walking its
-// tiles back to back, so that a tile's epilogue and the next one's first
-// loads overlap.
+// The CTA's tiles: tile blockIdx.x, then every gridDim.x-th after it, or
+// (tile_counter) the next from the counter. A grid of one CTA a tile runs
+// each once; the persistent grid (backward_grid_ctas) one CTA an SM, walking
+// its tiles back to back, so that a tile's epilogue and the next one's first
+// loads overlap. Where the kernel hands tiles out (kHandsOut) the producer
+// takes them and hands each to the consumers and the writer warps with its
+// K/V load (BwdBarriers::tile); otherwise every role walks them alike, and
+// the counter's code is not compiled (it costs the producer warpgroup, at 24
+// registers, 44-88 bytes of spills).
+template <class Tr, DqAdd kDq>
+inline constexpr bool kHandsOut = Tr::kHandsOutTiles && kDq != DqAdd::writer_in_order;
 __device__ __forceinline__ int first_backward_tile() { return static_cast<int>(blockIdx.x); }
-__device__ __forceinline__ int backward_tile_stride() { return static_cast<int>(gridDim.x); }
+template <bool kHandsOutTiles>
+__device__ __forceinline__ int next_backward_tile(const BwdKernelArguments& args, int tile) {
+  if constexpr (kHandsOutTiles)
+    if (args.tile_counter != nullptr) return atomicAdd(args.tile_counter, 1) + static_cast<int>(gridDim.x);
+  return tile + static_cast<int>(gridDim.x);
+}
+// A static schedule's tile of round `round` (past args.tiles: none left).
+__device__ __forceinline__ int static_backward_tile(uint32_t round) {
+  return first_backward_tile() + static_cast<int>(round * gridDim.x);
+}
 
 // A tile's place: its key-block index (KeyBlockOrder over the tile's linear
 // index), kv head and batch entry. The deterministic mode keeps the tiles'
@@ -221,21 +244,31 @@ using sm80::pack2;
 // thread's reads of the stage's LSE / D rows are then ordered before the
 // producer's next bulk copy into them by its own release; one arrival a warp
 // after __syncwarp drew racecheck hazards, session 22).
+// kv_full / kv_empty: a tile's K and V, loaded once every consumer thread has
+// arrived on kv_empty after its last GEMM of the last tile that read them.
+// Where the kernel hands tiles out (kHandsOut) a round is a tile: the producer
+// writes it (or -1: no more) to `tile`, then completes kv_full (with its K
+// and V, or a plain arrival where the walk has no step); the consumers and
+// the writer warps read it after their wait; kv_empty counts the consumer
+// threads (at once where the walk has no step) and the writer warps
+// (DqAdd::writer) once they have read the tile; the producer writes the next
+// round after it. Otherwise a round is a tile with a step.
 template <class Tr>
 struct BwdBarriers {
   uint64_t* kv_full;
-  uint64_t* kv_empty;  // persistent: every consumer thread, once its last GEMM of a tile read K and V
+  uint64_t* kv_empty;
   uint64_t* q_full;
   uint64_t* q_empty;
   uint64_t* do_full;
   uint64_t* do_empty;
-  __device__ explicit BwdBarriers(uint64_t* base)
+  int* tile;
+  __device__ BwdBarriers(uint64_t* base, int* tile_slot)
       : kv_full(base), kv_empty(base + 1), q_full(base + 2), q_empty(q_full + Tr::kStages), do_full(q_empty + Tr::kStages),
-        do_empty(do_full + Tr::kStages) {}
-  __device__ void init() const {
+        do_empty(do_full + Tr::kStages), tile(tile_slot) {}
+  __device__ void init(int kv_empty_arrivals) const {
     constexpr int kConsumerThreads = 128 * Tr::kConsumers;
     sm90::mbarrier_init(kv_full, 1);
-    sm90::mbarrier_init(kv_empty, kConsumerThreads);
+    sm90::mbarrier_init(kv_empty, kv_empty_arrivals);
     for (int s = 0; s < Tr::kStages; ++s) {
       sm90::mbarrier_init(&q_full[s], 1);
       sm90::mbarrier_init(&q_empty[s], kConsumerThreads);
@@ -261,9 +294,16 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   sm90::tma_prefetch_descriptor(&args.v_map);
   sm90::tma_prefetch_descriptor(&args.do_map);
   const int group = p.heads / p.kv_heads;
-  uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V loads of the CTA so far
+  constexpr bool kHandsOutTiles = kHandsOut<Tr, kDq>;
+  uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V rounds of the CTA so far
+  // A round's start, once the last round's K and V are released: its tile
+  // (-1: no more) to the other roles where the kernel hands tiles out.
+  const auto hand_out = [&](int tile) {
+    if (kv_round > 0) sm90::mbarrier_wait(bar.kv_empty, (kv_round - 1) & 1);
+    if constexpr (kHandsOutTiles) *bar.tile = tile;  // before the arrival on kv_full (its release orders it)
+  };
 #pragma unroll 1
-  for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
+  for (int tile = first_backward_tile(); tile < args.tiles; tile = next_backward_tile<kHandsOutTiles>(args, tile)) {
     constexpr bool kOrdered = kDq == DqAdd::writer_in_order;
     const BackwardCta cta = backward_cta<kOrdered>(args, tile);
     const int kv_head = cta.kv_head, batch = cta.batch;
@@ -271,13 +311,21 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
     const int batch_coordinate = p.is_varlen() ? 0 : batch;
     const int n_block =
         cta_key_block<kOrdered>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, cta.key_index);
-    if (n_block < 0) continue;
+    if (n_block < 0) continue;  // past a shorter sequence's keys: nothing to store, not handed out
     const int n0 = n_block * Tr::kBlockN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
-    if (walk.steps == 0) continue;
+    if (walk.steps == 0) {  // no row sees the block: its dK and dV are zeros, no K or V needed
+      if constexpr (kHandsOutTiles) {
+        if (kv_round == 0) sm80::pdl_wait_for_prerequisite_grid();  // before any later tile's statistics
+        hand_out(tile);
+        sm90::mbarrier_arrive(bar.kv_full);
+        ++kv_round;
+      }
+      continue;
+    }
     const int64_t stats_row0 = padded_stats_row0(p, view.q_row0, batch, kBM);
     const auto load_keys_and_values = [&] {
-      if (kv_round > 0) sm90::mbarrier_wait(bar.kv_empty, (kv_round - 1) & 1);
+      hand_out(tile);
       sm90::mbarrier_arrive_expect_tx(bar.kv_full, 2 * Tr::kKVTileBytes);
 #pragma unroll 1
       for (int panel = 0; panel < Tr::kPanels; ++panel) {
@@ -328,6 +376,10 @@ __device__ __forceinline__ void backward_producer(const BwdKernelArguments& args
   }
   // The convert kernel may launch (it waits for this grid before reading).
   sm80::pdl_launch_dependents();
+  if constexpr (kHandsOutTiles) {
+    hand_out(-1);  // no more tiles
+    sm90::mbarrier_arrive(bar.kv_full);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -418,24 +470,36 @@ __device__ __forceinline__ void backward_dq_writer_in_order(const BwdKernelArgum
   }
 }
 
-// In any order (the default mode): the writer walks the
-// CTA's tiles as the consumers do (the persistent grid) and hands back every
-// staged slab, the CTA's last too: the consumer takes that hand-back after
-// its last tile.
+// In any order (the default mode): the writer walks the CTA's tiles as the
+// consumers do (those the producer hands out, BwdBarriers::tile, where
+// Tr::kHandsOutTiles) and hands back every staged slab, the CTA's last too:
+// the consumer takes that hand-back after its last tile.
 template <class Tr>
 __device__ __forceinline__ void backward_dq_writer(const BwdKernelArguments& args, unsigned char* smem,
-                                                   int consumer) {
+                                                   const BwdBarriers<Tr>& bar, int consumer) {
   const AttentionBackwardParams& p = args.params;
   const int lane = threadIdx.x % 32;
   const int group = p.heads / p.kv_heads;
   const unsigned char* const staged = smem + Tr::kDqStageOffset + consumer * Tr::kDqStageStride;
 #pragma unroll 1
-  for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
+  for (uint32_t round = 0;; ++round) {
+    int tile;
+    if constexpr (Tr::kHandsOutTiles) {
+      // The round's tile, as the consumers take it; read, the producer may
+      // hand out the next (kv_empty counts the writer warps' threads too).
+      sm90::mbarrier_wait(bar.kv_full, round & 1);
+      tile = *bar.tile;
+      sm90::mbarrier_arrive(bar.kv_empty);
+      if (tile < 0) break;
+    } else {
+      tile = static_backward_tile(round);
+      if (tile >= args.tiles) break;
+    }
     const BackwardCta cta = backward_cta<false>(args, tile);
     const int kv_head = cta.kv_head, batch = cta.batch;
     const BackwardSequenceView view = backward_sequence_view(p, batch);
     const int n_block = cta_key_block<false>(p, (view.seqlen_k + Tr::kBlockN - 1) / Tr::kBlockN, cta.key_index);
-    if (n_block < 0) continue;
+    if (n_block < 0) continue;  // past a shorter sequence's keys (never handed out)
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
     float* const dq_accum = p.dq_accum + view.dq_accum_offset;
 #pragma unroll 1
@@ -771,23 +835,40 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   };
   // Every consumer thread arrives, after its reads of the stage (BwdBarriers).
   const auto release = [&](uint64_t* barrier) { sm90::mbarrier_arrive(barrier); };
-  uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V tiles of the CTA so far (the producer's)
+  constexpr bool kHandsOutTiles = kHandsOut<Tr, kDq>;
+  uint32_t iteration = 0, kv_round = 0;  // ring slots and K/V rounds of the CTA so far (the producer's)
   // Whether this consumer staged a dQ slab before this step: in order (a CTA
   // a tile), earlier in the walk; in any order, earlier in the CTA's tiles.
   const auto staged_before = [&](int step) { return kOrdered ? step > 0 : iteration > 0; };
 #pragma unroll 1
-  for (int tile = first_backward_tile(); tile < args.tiles; tile += backward_tile_stride()) {
+  for (uint32_t round = 0;; ++round) {
+    int tile;
+    if constexpr (kHandsOutTiles) {
+      // The round's tile from the producer (its K and V landed with it).
+      sm90::mbarrier_wait(kv_full, kv_round & 1);
+      tile = *bar.tile;
+      if (tile < 0) break;
+    } else {
+      tile = static_backward_tile(round);
+      if (tile >= args.tiles) break;
+    }
     const BackwardCta cta = backward_cta<kOrdered>(args, tile);
     const int kv_head = cta.kv_head, batch = cta.batch;
     const BackwardSequenceView view = backward_sequence_view(p, batch);
     const VisibleKeyMask mask{view.seqlen_q, view.seqlen_k, p.window_left, p.window_right};
     const int n_block = cta_key_block<kOrdered>(p, (view.seqlen_k + kBN - 1) / kBN, cta.key_index);
-    if (n_block < 0) continue;
+    if (n_block < 0) continue;  // past a shorter sequence's keys (never handed out)
     const int n0 = n_block * kBN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
 #pragma unroll
     for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
-    if (walk.steps > 0) sm90::mbarrier_wait(kv_full, kv_round & 1);
+    if constexpr (kHandsOutTiles) {
+      if (walk.steps == 0) release(kv_empty);  // handed out without K and V
+    } else if (walk.steps > 0) {
+      sm90::mbarrier_wait(kv_full, kv_round & 1);
+    }
+    // A round for the producer: every tile it hands out, else a tile with a step.
+    if (kHandsOutTiles || walk.steps > 0) ++kv_round;
 #pragma unroll 1
     for (int step = 0; step < walk.steps; ++step, ++iteration) {
       const int head = kv_head * group + walk.head_in_group(step);
@@ -913,7 +994,6 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       release(&q_empty[stage]);
     }
     // The last step released K and V (kv_empty).
-    if (walk.steps > 0) ++kv_round;
     store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
                                      acc_dv);
     if constexpr (kOrdered) break;  // a CTA a tile
@@ -933,8 +1013,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // compiler keeps knowing the pointers below are shared: LDS/STS for the
   // stats, dS and the dQ staging, not generic LD/ST (SASS, session 21).
   unsigned char* smem = smem_raw + ((1024 - (sm90::smem_address(smem_raw) & 1023)) & 1023);
-  const BwdBarriers<Tr> barriers(reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset));
-  if (threadIdx.x == 0) barriers.init();
+  const BwdBarriers<Tr> barriers(reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset),
+                                 reinterpret_cast<int*>(smem + Tr::kTileSlotOffset));
+  constexpr bool kWriterTakesTiles = kHandsOut<Tr, kDq> && kDq == DqAdd::writer;
+  if (threadIdx.x == 0) barriers.init(128 * Tr::kConsumers + (kWriterTakesTiles ? 32 * Tr::kConsumers : 0));
   __syncthreads();
   // The preprocess zeros the accumulator the writers and consumers add to.
   // Warp 0 (the producer thread; its other lanes leave) waits after its first
@@ -945,7 +1027,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (threadIdx.x == 0) backward_producer<Tr, Element, kDq>(args, smem, barriers);
     else if (kDq != DqAdd::registers && threadIdx.x >= 32 && threadIdx.x < 32 * (1 + Tr::kConsumers)) {
       if constexpr (kDq == DqAdd::writer_in_order) backward_dq_writer_in_order<Tr>(args, smem, threadIdx.x / 32 - 1);
-      else backward_dq_writer<Tr>(args, smem, threadIdx.x / 32 - 1);
+      else backward_dq_writer<Tr>(args, smem, barriers, threadIdx.x / 32 - 1);
     }
     return;
   }
@@ -990,7 +1072,8 @@ struct PaddedRowStats {
 template <class Tr, typename Element>
 void launch_backward_typed(const AttentionBackwardParams& params) {
   AttentionBackwardParams p = params;
-  const BackwardWorkspace workspace = backward_workspace(p, Tr::kBlockM, Tr::kBlockN);
+  const BackwardWorkspace workspace =
+      backward_workspace(p, Tr::kBlockM, Tr::kBlockN, backward_schedules_dynamically<Tr>(p));
   fa2_mma_sm80::carve_backward_workspace(p, workspace.dq, workspace.total_bytes, "fa3_wgmma_sm90");
   unsigned char* const base = static_cast<unsigned char*>(p.workspace);
   const fa2_mma_sm80::BackwardWorkspace& dq = workspace.dq;
@@ -1004,6 +1087,14 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
   // and so do the deterministic mode's semaphores after it (a memset, small).
   if (workspace.semaphore_bytes > 0)
     FLASHLAB_CUDA_CHECK(cudaMemsetAsync(base + workspace.semaphore_offset, 0, workspace.semaphore_bytes, stream));
+  // The tile counter, where the grid has fewer CTAs than tiles to hand out.
+  const DeviceLimits device = device_limits();
+  const int tiles = backward_tiles(p, Tr::kBlockN);
+  const int ctas = backward_grid_ctas<Tr>(p, tiles, device.multiprocessors);
+  int* const tile_counter =
+      workspace.tile_counter_bytes > 0 && ctas < tiles ? reinterpret_cast<int*>(base + workspace.tile_counter_offset)
+                                                       : nullptr;
+  if (tile_counter != nullptr) FLASHLAB_CUDA_CHECK(cudaMemsetAsync(tile_counter, 0, sizeof(int), stream));
   if (has_rows) {
     constexpr int kRows = kBwdAuxThreads / kPreprocessThreadsPerRow<Tr::kHeadDim>;
     const dim3 grid((workspace.query_blocks * Tr::kBlockM + kRows - 1) / kRows, p.heads, p.batch);
@@ -1017,7 +1108,6 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(base + workspace.semaphore_offset) : nullptr;
     args.query_blocks = workspace.query_blocks;
     args.rotates_walks = rotates_backward_walks(p, Tr::kBlockN, fa2_mma_sm80::multiprocessor_count());
-    const DeviceLimits device = device_limits();
     args.order = backward_key_block_order(p, Tr::kBlockN, device.multiprocessors, device.l2_bytes);
     args.lse_log2 = stats.lse_log2;
     args.dsum = stats.dsum;
@@ -1045,8 +1135,8 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
                                    : fa3_backward_kernel<Tr, Element, DqAdd::registers, true>;
     }
     allow_dynamic_shared_memory(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
-    args.tiles = backward_tiles(p, Tr::kBlockN);
-    const int ctas = backward_grid_ctas(p, args.tiles, device.multiprocessors);
+    args.tiles = tiles;
+    args.tile_counter = tile_counter;
     // A dependent of the preprocess only where there is one (no rows: the
     // kernel before may be anything, and its reads before the wait unordered).
     launch_kernel(kernel, dim3(ctas), dim3(Tr::kThreads), Tr::kSmemBytes, stream, has_rows, args);

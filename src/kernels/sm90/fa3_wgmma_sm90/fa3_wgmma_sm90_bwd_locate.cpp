@@ -8,7 +8,9 @@
 //   sections under a right-bounded mask in the default mode, which assume an
 //   H100's SMs and L2 as the forward's locate does; else i + key blocks x (kv
 //   head + kv heads x batch)), walked by CTA tile % grid (backward_grid_ctas:
-//   persistent, an H100's SMs, or a CTA a tile); key block n is key index n, or, deterministic under a
+//   persistent, an H100's SMs, or a CTA a tile), or, where the persistent grid
+//   takes tiles from a counter (backward_schedules_dynamically), the tiles past
+//   the grid's first by whichever CTA takes it (key_block_cta -1); key block n is key index n, or, deterministic under a
 //   right-bounded mask (causal, windows), the sequence's key blocks - 1 - n. Consumer warpgroup
 //   1 + (key % 128) / 64 owns the key (head dim split: 1 + column /
 //   kKeyGradColumns, 64 keys a block), warp (key % 64) / 16 its 16-row slab:
@@ -58,7 +60,7 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   std::snprintf(scale_buffer, sizeof scale_buffer, "%.9g", params.softmax_scale);
   const std::string scale_text = scale_buffer;
   const int tiles = backward_tiles(params, Tr::kBlockN);
-  location.grid[0] = backward_grid_ctas(params, tiles, kLocateMultiprocessors);
+  location.grid[0] = backward_grid_ctas<Tr>(params, tiles, kLocateMultiprocessors);
   location.grid[1] = location.grid[2] = 1;
   location.block_threads[0] = Tr::kThreads;
   location.block_threads[1] = location.block_threads[2] = 1;
@@ -79,7 +81,10 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     location.key_block = row / Tr::kBlockN;
     location.key_block_tile =
         key_block_cta_index(key_index_of(location.key_block), batch * params.kv_heads + kv_head, order);
-    location.key_block_cta[0] = location.key_block_tile % location.grid[0];
+    // From the counter, tiles past the grid's first go to whichever CTA asks first.
+    const bool dynamic = backward_schedules_dynamically<Tr>(params) && tiles > location.grid[0] &&
+                         location.key_block_tile >= location.grid[0];
+    location.key_block_cta[0] = dynamic ? -1 : location.key_block_tile % location.grid[0];
     location.key_block_cta[1] = location.key_block_cta[2] = 0;
     const int in_block = row % Tr::kBlockN;
     const int consumer = Tr::kSplitsHeadDim ? col / Tr::kKeyGradColumns : in_block / 64;
@@ -126,7 +131,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     // kv_head argument reads <optimized out> in cuda-gdb, and p's members
     // through the reference cannot be named: the scale is printed as a number).
     keys_stop.condition = "key == " + std::to_string(row) +
-                          " && blockIdx.x == " + std::to_string(location.key_block_cta[0]) +
+                          (location.key_block_cta[0] >= 0
+                               ? " && blockIdx.x == " + std::to_string(location.key_block_cta[0])
+                               : std::string()) +
                           (location.grid[0] < tiles ? " && tile == " + std::to_string(location.key_block_tile)
                                                     : std::string()) +
                           " && threadIdx.x == " + std::to_string(location.dk.thread[0]);

@@ -11,7 +11,7 @@
 //    (common/tile_scheduler.h). In the default mode a persistent grid, one
 //    CTA an SM walking tiles back to back: without a mask (one sequence
 //    length) every gridDim.x-th tile, otherwise, where the kernels hand tiles
-//    out (BwdTraits::kHandsOutTiles: head dims 64 and 128 at 64 rows), the
+//    out (BwdTraits::kHandsOutTiles: head dim 64, and 128 at 64 rows), the
 //    next tile from a counter, the producer handing each to the other roles
 //    with its K and V (BwdBarriers); else, and in the deterministic mode, a
 //    CTA a tile (backward_grid_ctas, backward_schedules_dynamically,

@@ -550,7 +550,9 @@ std::vector<KernelCase> backward_persistent_grid_cases(int compute_capability, c
   // next tiles from a counter (head dims 64 and 128; 256 runs a CTA a tile
   // there): causal (every key block seen), a window that leaves the first key
   // blocks unseen (zeros, handed out without K and V), and a variable-length
-  // batch whose shorter sequences leave tiles past their keys (never handed out).
+  // batch whose shorter sequences leave tiles past their keys (never handed out):
+  // at head_dim 128 with empty sequences and rows without keys (144 tiles), at
+  // 256 a CTA a tile.
   struct Shape {
     int batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
     at::ScalarType dtype;
@@ -565,6 +567,8 @@ std::vector<KernelCase> backward_persistent_grid_cases(int compute_capability, c
                           {8, 16, 2, 113, 1100, 128, at::kHalf, true},
                           {2, 8, 8, 113, 1100, 64, at::kBFloat16, false, 100, 0},
                           {4, 16, 8, 0, 0, 256, at::kBFloat16, true, -1, -1, {7, 1100, 300, 1}, {7, 1100, 300, 1}},
+                          {8, 16, 2, 0, 0, 128, at::kBFloat16, true, -1, -1, {0, 1100, 1, 0, 700, 5, 1100, 300},
+                           {1100, 0, 1100, 7, 700, 0, 1100, 1}},
                           // a score modification (dQ added from the consumers' registers) on the counter
                           {2, 8, 8, 113, 2177, 64, at::kHalf, true, -1, -1, {}, {}, 30.0}};
   std::vector<KernelCase> cases;

@@ -18,7 +18,8 @@ Rows: flashlab (the public Python function), flashlab_op (torch.ops.flashlab.*
 called directly: the C++ API behind torch's dispatcher), flashlab_graph (one
 call captured in a CUDA graph and replayed: the launches without host code),
 sdpa_cudnn, sdpa_flash. Each row: a warm-up, then --loops loops of --steps calls
-timed with CUDA events around the whole loop (median of the loops, per step),
+timed with CUDA events around the whole loop (median of the loops, per step; the
+rows' loops interleaved, round by round, so the clock's drift falls on all alike),
 and the host's time per call (time.perf_counter around the same loop: where it
 is close to the step time, the loop is bound by the host, not by the GPU).
 
@@ -46,24 +47,17 @@ def parse_ints(text):
     return [int(x) for x in text.split(",") if x]
 
 
-def time_loop(call, steps, loops, warmup):
-    """Median over `loops` of (device ms per step, host us per call) for `steps` calls."""
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
+def time_one_loop(call, steps):
+    """(device us per step, host us per call) of one loop of `steps` calls."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    device_us, host_us = [], []
-    for _ in range(loops):
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            call()
-        t1 = time.perf_counter()
-        end.record()
-        end.synchronize()
-        device_us.append(start.elapsed_time(end) * 1000.0 / steps)
-        host_us.append((t1 - t0) * 1e6 / steps)
-    return statistics.median(device_us), statistics.median(host_us)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        call()
+    t1 = time.perf_counter()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / steps, (t1 - t0) * 1e6 / steps
 
 
 def graph_of(call):
@@ -85,20 +79,40 @@ def graph_of(call):
     return graph.replay, ""
 
 
-def run_rows(rows, args):
-    """rows: name -> callable (or an error string). Returns name -> result dict."""
-    results = {}
+def run_rows(rows, args, loop_timer=time_one_loop, synchronize=None):
+    """rows: name -> callable (or an error string). Returns name -> result dict.
+
+    Every row's warm-up, then args.loops rounds, each timing one loop of every row in
+    turn, so that a stretch of lower clocks falls on every row alike (consecutive loops
+    of one training step moved up to 12%, session 42); per row the median over the
+    rounds. A row that raises is reported with its error and left out of later rounds."""
+    synchronize = synchronize or torch.cuda.synchronize
+    results, live = {}, {}
     for name, call in rows.items():
         if isinstance(call, str):
             results[name] = {"error": call}
             continue
         try:
-            device_us, host_us = time_loop(call, args.steps, args.loops, args.warmup)
-            results[name] = {"step_us": device_us, "host_us": host_us}
-        except Exception as error:  # noqa: BLE001
-            torch.cuda.synchronize()
+            for _ in range(args.warmup):
+                call()
+            synchronize()
+            live[name] = call
+        except Exception as error:  # noqa: BLE001 (reported, not hidden)
+            synchronize()
             results[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
-    return results
+    times = {name: [] for name in live}
+    for _ in range(args.loops):
+        for name in [n for n in live]:
+            try:
+                times[name].append(loop_timer(live[name], args.steps))
+            except Exception as error:  # noqa: BLE001
+                synchronize()
+                results[name] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"}
+                del live[name]
+    for name in live:
+        results[name] = {"step_us": statistics.median(t[0] for t in times[name]),
+                         "host_us": statistics.median(t[1] for t in times[name])}
+    return {name: results[name] for name in rows}
 
 
 def decode_rows(flashlab, batch, cache_len, heads, kv_heads, head_dim, dtype):

@@ -257,6 +257,47 @@ class ApiTrainTable(unittest.TestCase):
         self.assertIn("fwd+bwd sdpa_flash: RuntimeError: refused", out.getvalue())
 
 
+class ApiInterleavedLoops(unittest.TestCase):
+    """scripts/bench_api.py's rows: warm-ups, then the rows' loops in turn, round by round; per row
+    the median over rounds; an error row passes through, a row that raises leaves the rounds."""
+
+    def test_rounds_interleave_rows(self):
+        try:
+            import bench_api  # imports torch
+        except ImportError as error:
+            self.skipTest(f"bench_api.py needs torch: {error}")
+        import argparse
+        order, calls = [], {"a": 0, "b": 0, "c": 0}
+        # (device us per step, host us per call) of each round's loop; c raises in round 2.
+        fake_times = {"a": iter([(30.0, 1.0), (10.0, 3.0), (20.0, 2.0)]),
+                      "b": iter([(5.0, 9.0), (7.0, 8.0), (6.0, 7.0)]),
+                      "c": iter([(1.0, 1.0)])}
+
+        def row(name):
+            def call():
+                calls[name] += 1
+            call.row = name
+            return call
+
+        def timer(call, steps):
+            self.assertEqual(steps, 4)
+            order.append(call.row)
+            if call.row == "c" and order.count("c") == 2:
+                raise RuntimeError("lost the device\nsecond line")
+            return next(fake_times[call.row])
+
+        rows = {"a": row("a"), "refused": "NotImplementedError: no", "b": row("b"), "c": row("c")}
+        results = bench_api.run_rows(rows, argparse.Namespace(warmup=2, loops=3, steps=4), loop_timer=timer,
+                                     synchronize=lambda: None)
+        self.assertEqual(order, ["a", "b", "c", "a", "b", "c", "a", "b"])
+        self.assertEqual(calls, {"a": 2, "b": 2, "c": 2})  # the warm-ups (the fake timer calls nothing)
+        self.assertEqual(list(results), ["a", "refused", "b", "c"])
+        self.assertEqual(results["a"], {"step_us": 20.0, "host_us": 2.0})
+        self.assertEqual(results["b"], {"step_us": 6.0, "host_us": 8.0})
+        self.assertEqual(results["refused"], {"error": "NotImplementedError: no"})
+        self.assertEqual(results["c"], {"error": "RuntimeError: lost the device"})
+
+
 class ForwardTable(unittest.TestCase):
     def test_reads_a_text_summary(self):
         summary = (

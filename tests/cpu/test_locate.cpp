@@ -593,6 +593,17 @@ TEST(LocateBackward, Fa3DynamicGridNamesTheTileNotTheCta) {
             std::string::npos);
 }
 
+TEST(LocateBackward, Fa3WithoutQueryRowsNamesTheStaticCta) {
+  // No query rows: no workspace, so no tile counter; the persistent grid walks the static stride.
+  ProblemSpec spec = fa3_backward_spec(8, 4, 2, 0, 2100, 128);  // 17 key blocks x 2 kv heads x 8
+  spec.causal = true;
+  const BackwardElementLocation location =
+      locate_backward_element(kernel_named("fa3_wgmma_sm90"), spec, false, 7, 3, 2050, 5);
+  EXPECT_EQ(location.grid[0], fa3_wgmma_sm90::kLocateMultiprocessors);
+  ASSERT_GE(location.key_block_tile, fa3_wgmma_sm90::kLocateMultiprocessors);
+  EXPECT_EQ(location.key_block_cta[0], location.key_block_tile % location.grid[0]);
+}
+
 TEST(LocateBackward, RowsPastTheirSequenceAndMarkers) {
   const ProblemSpec spec = fa3_backward_spec(1, 2, 2, 113, 203, 128);
   const KernelVariant& kernel = kernel_named("fa3_wgmma_sm90");

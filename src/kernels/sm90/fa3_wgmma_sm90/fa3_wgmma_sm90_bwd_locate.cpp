@@ -81,9 +81,10 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     location.key_block = row / Tr::kBlockN;
     location.key_block_tile =
         key_block_cta_index(key_index_of(location.key_block), batch * params.kv_heads + kv_head, order);
-    // From the counter, tiles past the grid's first go to whichever CTA asks first.
-    const bool dynamic = backward_schedules_dynamically<Tr>(params) && tiles > location.grid[0] &&
-                         location.key_block_tile >= location.grid[0];
+    // From the counter, tiles past the grid's first go to whichever CTA asks first (a launch
+    // without query rows has no workspace and no counter: the static stride).
+    const bool dynamic = backward_schedules_dynamically<Tr>(params) && params.seqlen_q > 0 &&
+                         tiles > location.grid[0] && location.key_block_tile >= location.grid[0];
     location.key_block_cta[0] = dynamic ? -1 : location.key_block_tile % location.grid[0];
     location.key_block_cta[1] = location.key_block_cta[2] = 0;
     const int in_block = row % Tr::kBlockN;

@@ -40,6 +40,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(barrier))
                : "memory");
 }
+// `count` arrivals at once (one thread standing for a warpgroup that synced before it).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(barrier)), "r"(count)
+               : "memory");
+}
 
 __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
   asm volatile(
@@ -63,6 +68,16 @@ __device__ __forceinline__ void tma_load_4d(void* smem_destination, const CUtens
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_address(barrier)), "r"(c0), "r"(c1), "r"(c2),
       "r"(c3)
       : "memory");
+}
+
+// And a box from shared memory to the tensor (out-of-range elements are not
+// written), tracked in this thread's bulk groups (bulk_commit_group below).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_source, int c0, int c1, int c2,
+                                             int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_address(smem_source)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
 }
 
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
@@ -159,6 +174,12 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t address, const uint32_t (&tiles)[4]) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address),
                "r"(tiles[0]), "r"(tiles[1]), "r"(tiles[2]), "r"(tiles[3])
+               : "memory");
+}
+// The same without the transpose: row j of tile r is its fragment row j.
+__device__ __forceinline__ void stmatrix_x4(uint32_t address, const uint32_t (&tiles)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(tiles[0]),
+               "r"(tiles[1]), "r"(tiles[2]), "r"(tiles[3])
                : "memory");
 }
 // Keeps the compiler from moving accesses of accumulator registers across a

@@ -258,6 +258,10 @@ struct BwdTraits {
   static constexpr int kDqFullBarrier = 2;   // + consumer
   static constexpr int kDqEmptyBarrier = 4;  // + consumer
   static constexpr int kSwappedBarrier = 6;
+  // The epilogue (stage_key_gradients): both consumers' GEMMs of the tile
+  // done, so K and V are read no more; consumer w's dK / dV staged over them.
+  static constexpr int kKeysReadBarrier = 7;
+  static constexpr int kKeyGradsStagedBarrier = 8;  // + consumer
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
   // of the rows, then the barriers; +1024 to align the base for the swizzle.
   static constexpr int kKOffset = 0;

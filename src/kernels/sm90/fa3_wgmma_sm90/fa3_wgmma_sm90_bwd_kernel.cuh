@@ -20,8 +20,9 @@
 //    Warpgroup 0 is the producer: setmaxnreg drops it to 24 registers and its
 //    first thread takes the CTA's tiles and loads a tile's K and V (TMA, one
 //    transaction barrier; from the CTA's second tile on after its first Q and
-//    dO, once the consumers have released the last tile's K and V, in the
-//    last step of its walk), then for
+//    dO, once the consumers have released the last tile's K and V: once the
+//    epilogue's TMA stores have read the dK and dV staged over them, or, where
+//    the epilogue stores from registers, in the last step of the walk), then for
 //    each query head of the kv head's group and each query block that sees
 //    the keys (visible_rows_of_keys) the Q and dO tiles, through rings, with
 //    the rows' LSE in base 2 and D (written padded to whole query blocks by
@@ -53,7 +54,11 @@
 //    reduce-add while the consumer goes on; otherwise red.global.add.v4.f32
 //    from the consumer's registers; deterministic: staged, in order. dS has two shared
 //    buffers, so one named barrier a step orders both consumers' dS stores
-//    before either reads the other's. dK * scale and dV go out from registers.
+//    before either reads the other's. The epilogue stages dK * scale and dV
+//    in the input dtype over the tile's K and V (stmatrix) and stores them
+//    with TMA (store_key_gradients_by_tma); a block that ends past the
+//    sequence's keys (TMA would write into the next varlen sequence) or walks
+//    nothing stores from registers.
 // 3. convert: dq = scale * accumulator in the input dtype.
 //
 // Tiling (BwdTraits, chosen per problem by with_bwd_traits): 128 keys per CTA
@@ -72,7 +77,7 @@
 // at a padded head dim or on fa2_mma_sm80), compute capability 9.0 built as
 // sm_90a, 16-byte aligned base pointers and strides that are multiples of 8
 // elements (TMA). At head_dim 256 no softcap or ALiBi (the host path runs
-// those on fa2_mma_sm80). No TMA-store epilogue. The deterministic mode keeps
+// those on fa2_mma_sm80). The deterministic mode keeps
 // a CTA a tile (its waits count on the hardware's order), and so does head_dim
 // 256 under a mask or variable lengths.
 //
@@ -127,6 +132,7 @@ namespace flashlab::fa3_wgmma_sm90 {
 
 struct BwdKernelArguments {
   CUtensorMap q_map, k_map, v_map, do_map;
+  CUtensorMap dk_map, dv_map;  // 64-row boxes: the epilogue's stores (store_key_gradients_by_tma)
   AttentionBackwardParams params;
   // The preprocess's padded statistics (BackwardWorkspace): (heads, stats_rows).
   const float* lse_log2 = nullptr;
@@ -687,6 +693,73 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
   }
 }
 
+// The epilogue of a block whose keys are all in the sequence and whose walk
+// has steps (store_key_gradients otherwise). Once both consumers' GEMMs of
+// the tile are done, K and V are read no more: each consumer stages dK *
+// scale and dV of its keys and columns over its rows of the K and V tiles
+// (stmatrix, the input dtype, their TMA layout: 64-column panels of
+// 128-byte swizzled rows), and its first thread stores them with TMA (a
+// 64-row box a panel), waits until they are read, and then releases K and V
+// for the consumer's 128 threads (kv_empty). Stored 4 bytes a thread at a
+// time from registers instead, the stores took 7-12% of the backward's time
+// at 1k and 3-5% at 4k (H200, session 43, timed by skipping them).
+template <class Tr, typename Element>
+__device__ __forceinline__ void stage_key_gradients(unsigned char* smem, int consumer, int warp, int lane, int n0,
+                                                    int key_row0, int column0, int tile, float scale,
+                                                    const float (&acc_dk)[Tr::kKeyGradColumns / 2],
+                                                    const float (&acc_dv)[Tr::kKeyGradColumns / 2]) {
+  static_cast<void>(tile);  // the cuda-gdb stop's condition names it
+  const uint32_t k_tile = sm90::smem_address(smem + Tr::kKOffset), v_tile = sm90::smem_address(smem + Tr::kVOffset);
+  const int matrix = lane / 8, row = lane % 8;  // the 8 x 8 tile, and its row, whose address this lane gives
+  const int first_row = (Tr::kSplitsHeadDim ? 0 : consumer * 64) + warp * 16;  // the warp's 16 rows of the block
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = n0 + key_row0 + h * 8;
+    static_cast<void>(key);
+    // cuda-gdb: key `key`'s dK and dV, staged for the TMA store (fa3_wgmma_sm90_bwd_locate.cpp).
+#pragma unroll
+    for (int n4 = 0; n4 < Tr::kKeyGradColumns / 32; ++n4) {
+      uint32_t dk[4], dv[4];  // tile j: columns 8 (4 n4 + j).., rows h * 8.. of the warp's
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = n4 * 4 + j;
+        dk[j] = sm80::pack2<Element>(acc_dk[n * 4 + h * 2] * scale, acc_dk[n * 4 + h * 2 + 1] * scale);
+        dv[j] = sm80::pack2<Element>(acc_dv[n * 4 + h * 2], acc_dv[n * 4 + h * 2 + 1]);
+      }
+      const int stored_row = first_row + h * 8 + row, column = column0 + (n4 * 4 + matrix) * 8;
+      const uint32_t offset = (column / 64) * Tr::kBlockN * 128 + stored_row * 128 + ((column % 64 / 8) ^ row) * 16;
+      sm90::stmatrix_x4(k_tile + offset, dk);
+      sm90::stmatrix_x4(v_tile + offset, dv);
+    }
+  }
+}
+template <class Tr, typename Element>
+__device__ __forceinline__ void store_key_gradients_by_tma(const BwdKernelArguments& args,
+                                                           const BackwardSequenceView& view, unsigned char* smem,
+                                                           uint64_t* kv_empty, int kv_head, int batch, int n0,
+                                                           int key_row0, int column0, int consumer, int thread,
+                                                           int tile, const float (&acc_dk)[Tr::kKeyGradColumns / 2],
+                                                           const float (&acc_dv)[Tr::kKeyGradColumns / 2]) {
+  sm90::named_barrier_sync(Tr::kKeysReadBarrier, 128 * Tr::kConsumers);
+  stage_key_gradients<Tr, Element>(smem, consumer, thread / 32, thread % 32, n0, key_row0, column0, tile,
+                                   args.params.softmax_scale, acc_dk, acc_dv);
+  sm90::fence_proxy_async_shared();
+  sm90::named_barrier_sync(Tr::kKeyGradsStagedBarrier + consumer, 128);
+  if (thread == 0) {
+    const int key_base = Tr::kSplitsHeadDim ? 0 : consumer * 64;
+    const int row = view.k_row0 + n0 + key_base, batch_coordinate = args.params.is_varlen() ? 0 : batch;
+#pragma unroll
+    for (int panel = column0 / 64; panel < (column0 + Tr::kKeyGradColumns) / 64; ++panel) {
+      const int offset = panel * Tr::kBlockN * 128 + key_base * 128;
+      sm90::tma_store_4d(&args.dk_map, smem + Tr::kKOffset + offset, panel * 64, row, kv_head, batch_coordinate);
+      sm90::tma_store_4d(&args.dv_map, smem + Tr::kVOffset + offset, panel * 64, row, kv_head, batch_coordinate);
+    }
+    sm90::bulk_commit_group();
+    sm90::bulk_wait_group_read<0>();  // read: the producer may load the next tile's K and V over them
+    sm90::mbarrier_arrive(kv_empty, 128);
+  }
+}
+
 // Head dim split: a consumer's m64nBlockM accumulator into its swap buffer,
 // or its partner's out of the other one: float4 g of thread t at g * 128 + t
 // (each warp's 512 bytes contiguous: no bank conflicts).
@@ -860,6 +933,10 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     if (n_block < 0) continue;  // past a shorter sequence's keys (never handed out)
     const int n0 = n_block * kBN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
+    // The epilogue: staged over K and V and stored by TMA, which then releases
+    // them (store_key_gradients_by_tma), or from registers where the block
+    // ends past the sequence's keys or walks nothing (the last step releases them).
+    const bool stages_key_gradients = walk.steps > 0 && n0 + kBN <= view.seqlen_k;
 #pragma unroll
     for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
     if constexpr (kHandsOutTiles) {
@@ -970,17 +1047,18 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_registers(acc_dv);
       release(&do_empty[do_stage]);
       // The walk's last step reads K and V no more once its last dQ GEMM is
-      // done (dK's reads Q and dS): the producer may load the next tile's
-      // under dK, the dQ slab and the dK/dV stores (the persistent grid).
-      const bool last_step = step + 1 == walk.steps;
-      if (Tr::kDqSlabs == 1 && last_step) release(kv_empty);
+      // done (dK's reads Q and dS): unless the epilogue stages dK and dV over
+      // them, the producer may load the next tile's under dK, the dQ slab and
+      // the dK/dV stores (the persistent grid).
+      const bool releases_keys = step + 1 == walk.steps && !stages_key_gradients;
+      if (Tr::kDqSlabs == 1 && releases_keys) release(kv_empty);
 #pragma unroll
       for (int i = 0; i < Tr::kDqSlabs; ++i) {
         if (i > 0) {  // the head dim split's second slab, in the same registers
           issue_dq(sm90::smem_address(ds_tile), i);
           sm90::wgmma_wait<0>();
           sm90::fence_registers(acc_dq);
-          if (i == Tr::kDqSlabs - 1 && last_step) release(kv_empty);
+          if (i == Tr::kDqSlabs - 1 && releases_keys) release(kv_empty);
         }
         // A staging buffer is busy until the writer has read the previous
         // slab, the last tile's too (at the head dim split the first slab's,
@@ -993,9 +1071,12 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
-    // The last step released K and V (kv_empty).
-    store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
-                                     acc_dv);
+    if (stages_key_gradients)
+      store_key_gradients_by_tma<Tr, Element>(args, view, smem, kv_empty, kv_head, batch, n0, key_row0, grad_column0,
+                                              consumer, thread, tile, acc_dk, acc_dv);
+    else  // the last step released K and V (kv_empty)
+      store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
+                                       acc_dv);
     if constexpr (kOrdered) break;  // a CTA a tile
   }
   // The writer in any order hands back every slab: take the CTA's last.
@@ -1118,6 +1199,11 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.do_map = make_tensor_map(
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
+    // The epilogue's stores: a consumer's 64 keys a box.
+    args.dk_map = make_tensor_map(
+        p, TensorOperand{p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.kv_heads, false, "dk"}, 64);
+    args.dv_map = make_tensor_map(
+        p, TensorOperand{p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, p.kv_heads, false, "dv"}, 64);
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
     const DqAdd dq_add = backward_dq_add<Tr>(p);
     auto kernel = fa3_backward_kernel<Tr, Element, DqAdd::writer_in_order>;

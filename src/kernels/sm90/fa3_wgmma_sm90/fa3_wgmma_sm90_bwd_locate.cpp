@@ -73,7 +73,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   const bool rotated = rotates_backward_walks(params, Tr::kBlockN, fa2_mma_sm80::multiprocessor_count()) &&
                        key_blocks <= query_blocks;
 
-  // dK / dV of key row `row`.
+  // dK / dV of key row `row`; the epilogue stages a block's dK and dV for TMA
+  // where its walk has steps and its keys are all in the sequence.
+  bool staged_keys = false;
   if (row < 0 || row >= view.seqlen_k) {
     location.keys_unavailable = "key row " + std::to_string(row) + " is past batch entry " +
                                 std::to_string(batch) + "'s " + std::to_string(view.seqlen_k) + " keys";
@@ -98,11 +100,15 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
                         (Tr::kSplitsHeadDim ? " (columns " + std::to_string(consumer * Tr::kKeyGradColumns) + ".." +
                                                   std::to_string((consumer + 1) * Tr::kKeyGradColumns - 1) + ")"
                                             : std::string()) +
-                        "; stored as dK = acc_dk * softmax_scale, dV = acc_dv (4-byte stores, the input dtype)";
+                        "; stored as dK = acc_dk * softmax_scale, dV = acc_dv in the input dtype";
     const int n0 = location.key_block * Tr::kBlockN;
     const int keys_here = std::min(Tr::kBlockN, view.seqlen_k - n0);
     const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, view.seqlen_q, view.seqlen_k,
                                                params.window_left, params.window_right);
+    staged_keys = !rows.empty() && keys_here == Tr::kBlockN;
+    location.key_note += staged_keys ? " (staged in shared memory over the block's K and V, stored by TMA)"
+                                     : " (4-byte stores from registers: the block ends past the sequence's keys"
+                                       " or walks nothing)";
     if (rows.empty()) {
       location.walk_note = "no query row sees key block " + std::to_string(location.key_block) +
                            ": the block walks nothing and stores zeros";
@@ -125,9 +131,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
   // cuda-gdb: the epilogue's store of the key row (also where the row has no query row to locate).
   if (location.keys_unavailable.empty()) {
     CudaGdbStop keys_stop;
-    keys_stop.marker = "cuda-gdb: key `key`'s dK and dV sums";
+    keys_stop.marker = staged_keys ? "cuda-gdb: key `key`'s dK and dV, staged" : "cuda-gdb: key `key`'s dK and dV sums";
     keys_stop.line_offset = 2;  // past the #pragma: the column loop
-    // store_key_gradients' local `key`; the kv head and the batch entry through
+    // store_key_gradients' (stage_key_gradients') local `key`; the kv head and the batch entry through
     // the CTA's blockIdx, and its `tile` where the CTA walks several (its
     // kv_head argument reads <optimized out> in cuda-gdb, and p's members
     // through the reference cannot be named: the scale is printed as a number).

@@ -258,8 +258,14 @@ struct BwdTraits {
   static constexpr int kDqFullBarrier = 2;   // + consumer
   static constexpr int kDqEmptyBarrier = 4;  // + consumer
   static constexpr int kSwappedBarrier = 6;
-  // The epilogue (stage_key_gradients): both consumers' GEMMs of the tile
-  // done, so K and V are read no more; consumer w's dK / dV staged over them.
+  // The epilogue stages dK and dV over K and V and stores them by TMA
+  // (store_key_gradients_by_tma) at head dims 128 and 256 (64 KB a tile).
+  // At 64 (32 KB) holding K and V until the stores have read them cost more
+  // than it saved at 4k (H200, session 43: 1.005-1.029x the register stores'
+  // time, 0.973-0.989x at 1k); the registers store there.
+  static constexpr bool kStagesKeyGradients = HeadDim > 64;
+  // Its named barriers: both consumers' GEMMs of the tile done, so K and V
+  // are read no more; consumer w's dK / dV staged over them.
   static constexpr int kKeysReadBarrier = 7;
   static constexpr int kKeyGradsStagedBarrier = 8;  // + consumer
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D

@@ -54,11 +54,12 @@
 //    reduce-add while the consumer goes on; otherwise red.global.add.v4.f32
 //    from the consumer's registers; deterministic: staged, in order. dS has two shared
 //    buffers, so one named barrier a step orders both consumers' dS stores
-//    before either reads the other's. The epilogue stages dK * scale and dV
-//    in the input dtype over the tile's K and V (stmatrix) and stores them
-//    with TMA (store_key_gradients_by_tma); a block that ends past the
-//    sequence's keys (TMA would write into the next varlen sequence) or walks
-//    nothing stores from registers.
+//    before either reads the other's. At head dims 128 and 256 the epilogue
+//    stages dK * scale and dV in the input dtype over the tile's K and V
+//    (stmatrix) and stores them with TMA (store_key_gradients_by_tma); head
+//    dim 64 (BwdTraits::kStagesKeyGradients), a block that ends past the
+//    sequence's keys (TMA would write into the next varlen sequence) and one
+//    that walks nothing store from registers.
 // 3. convert: dq = scale * accumulator in the input dtype.
 //
 // Tiling (BwdTraits, chosen per problem by with_bwd_traits): 128 keys per CTA
@@ -693,8 +694,9 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
   }
 }
 
-// The epilogue of a block whose keys are all in the sequence and whose walk
-// has steps (store_key_gradients otherwise). Once both consumers' GEMMs of
+// The epilogue at head dims 128 and 256 (Tr::kStagesKeyGradients) of a block
+// whose keys are all in the sequence and whose walk has steps
+// (store_key_gradients otherwise). Once both consumers' GEMMs of
 // the tile are done, K and V are read no more: each consumer stages dK *
 // scale and dV of its keys and columns over its rows of the K and V tiles
 // (stmatrix, the input dtype, their TMA layout: 64-column panels of
@@ -702,7 +704,8 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
 // 64-row box a panel), waits until they are read, and then releases K and V
 // for the consumer's 128 threads (kv_empty). Stored 4 bytes a thread at a
 // time from registers instead, the stores took 7-12% of the backward's time
-// at 1k and 3-5% at 4k (H200, session 43, timed by skipping them).
+// at 1k and 3-5% at 4k (H200, session 43, timed by skipping them); this
+// epilogue took 0.91-0.94x the backward's time at 1k and 0.96-0.99x at 4k.
 template <class Tr, typename Element>
 __device__ __forceinline__ void stage_key_gradients(unsigned char* smem, int consumer, int warp, int lane, int n0,
                                                     int key_row0, int column0, int tile, float scale,
@@ -934,9 +937,10 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     const int n0 = n_block * kBN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
     // The epilogue: staged over K and V and stored by TMA, which then releases
-    // them (store_key_gradients_by_tma), or from registers where the block
-    // ends past the sequence's keys or walks nothing (the last step releases them).
-    const bool stages_key_gradients = walk.steps > 0 && n0 + kBN <= view.seqlen_k;
+    // them (store_key_gradients_by_tma), or from registers at head_dim 64 and
+    // where the block ends past the sequence's keys or walks nothing (the
+    // last step releases them).
+    const bool stages_key_gradients = Tr::kStagesKeyGradients && walk.steps > 0 && n0 + kBN <= view.seqlen_k;
 #pragma unroll
     for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
     if constexpr (kHandsOutTiles) {
@@ -1199,11 +1203,12 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.do_map = make_tensor_map(
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
-    // The epilogue's stores: a consumer's 64 keys a box.
-    args.dk_map = make_tensor_map(
-        p, TensorOperand{p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.kv_heads, false, "dk"}, 64);
-    args.dv_map = make_tensor_map(
-        p, TensorOperand{p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, p.kv_heads, false, "dv"}, 64);
+    if constexpr (Tr::kStagesKeyGradients) {  // the epilogue's stores: a consumer's 64 keys a box
+      args.dk_map = make_tensor_map(
+          p, TensorOperand{p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.kv_heads, false, "dk"}, 64);
+      args.dv_map = make_tensor_map(
+          p, TensorOperand{p.dv, p.dv_row_stride, p.dv_head_stride, p.dv_batch_stride, p.kv_heads, false, "dv"}, 64);
+    }
     const bool modified = p.modification.per_element();  // sinks alone: the plain kernel (the LSE has them)
     const DqAdd dq_add = backward_dq_add<Tr>(p);
     auto kernel = fa3_backward_kernel<Tr, Element, DqAdd::writer_in_order>;

@@ -105,10 +105,9 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     const int keys_here = std::min(Tr::kBlockN, view.seqlen_k - n0);
     const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, view.seqlen_q, view.seqlen_k,
                                                params.window_left, params.window_right);
-    staged_keys = !rows.empty() && keys_here == Tr::kBlockN;
+    staged_keys = Tr::kStagesKeyGradients && !rows.empty() && keys_here == Tr::kBlockN;
     location.key_note += staged_keys ? " (staged in shared memory over the block's K and V, stored by TMA)"
-                                     : " (4-byte stores from registers: the block ends past the sequence's keys"
-                                       " or walks nothing)";
+                                     : " (4-byte stores from registers)";
     if (rows.empty()) {
       location.walk_note = "no query row sees key block " + std::to_string(location.key_block) +
                            ": the block walks nothing and stores zeros";

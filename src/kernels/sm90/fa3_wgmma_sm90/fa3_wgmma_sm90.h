@@ -258,14 +258,9 @@ struct BwdTraits {
   static constexpr int kDqFullBarrier = 2;   // + consumer
   static constexpr int kDqEmptyBarrier = 4;  // + consumer
   static constexpr int kSwappedBarrier = 6;
-  // The epilogue stages dK and dV over K and V and stores them by TMA
-  // (store_key_gradients_by_tma) at head dims 128 and 256 (64 KB a tile).
-  // At 64 (32 KB) holding K and V until the stores have read them cost more
-  // than it saved at 4k (H200, session 43: 1.005-1.029x the register stores'
-  // time, 0.973-0.989x at 1k); the registers store there.
-  static constexpr bool kStagesKeyGradients = HeadDim > 64;
-  // Its named barriers: both consumers' GEMMs of the tile done, so K and V
-  // are read no more; consumer w's dK / dV staged over them.
+  // The TMA epilogue's named barriers (backward_stages_key_gradients below):
+  // both consumers' GEMMs of the tile done, so K and V are read no more;
+  // consumer w's dK / dV staged over them.
   static constexpr int kKeysReadBarrier = 7;
   static constexpr int kKeyGradsStagedBarrier = 8;  // + consumer
   // Shared memory: K, V, Q and dO stages, dS buffers, per stage the LSE and D
@@ -305,6 +300,18 @@ struct BwdTraits {
   static_assert(kDqBlockSlabs * kDqSlabFloats == BlockM * HeadDim, "the dQ slabs tile the block");
   static_assert(!SplitsHeadDim || kSwapBytes == kDqSlabBytes, "a swap buffer holds one dQ slab");
 };
+
+// Whether a backward kernel's epilogue stages dK and dV over the tile's K and
+// V and stores them by TMA (store_key_gradients_by_tma), which holds K and V
+// until the stores have read them, or stores from registers, releasing K and
+// V in the walk's last step, so that a persistent CTA's next K/V load
+// overlaps dK and the stores. Staged at head dims 128 and 256 (64 KB a tile),
+// and at 64 (32 KB) where a CTA takes one tile (the deterministic mode). A
+// persistent CTA at 64 lost more to the later release than the stores cost
+// at 4k (H200, session 43: 1.005-1.029x the time, 0.973-0.989x at 1k).
+constexpr bool backward_stages_key_gradients(int head_dim, bool one_tile_a_cta) {
+  return head_dim > 64 || one_tile_a_cta;
+}
 
 // FA3's sm90 tiles: 128 x 128 at head_dim 64, 64 x 128 at 128; at 256 64 x
 // 64 with the head dim split (FA3: 64 x 80, dK / dV / dQ transposed).

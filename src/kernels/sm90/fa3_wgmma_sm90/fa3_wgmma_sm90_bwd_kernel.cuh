@@ -54,12 +54,13 @@
 //    reduce-add while the consumer goes on; otherwise red.global.add.v4.f32
 //    from the consumer's registers; deterministic: staged, in order. dS has two shared
 //    buffers, so one named barrier a step orders both consumers' dS stores
-//    before either reads the other's. At head dims 128 and 256 the epilogue
+//    before either reads the other's. At head dims 128 and 256, and at 64 in
+//    the deterministic mode (backward_stages_key_gradients), the epilogue
 //    stages dK * scale and dV in the input dtype over the tile's K and V
-//    (stmatrix) and stores them with TMA (store_key_gradients_by_tma); head
-//    dim 64 (BwdTraits::kStagesKeyGradients), a block that ends past the
-//    sequence's keys (TMA would write into the next varlen sequence) and one
-//    that walks nothing store from registers.
+//    (stmatrix) and stores them with TMA (store_key_gradients_by_tma); the
+//    default mode at 64, a block that ends past the sequence's keys (TMA
+//    would write into the next varlen sequence) and one that walks nothing
+//    store from registers.
 // 3. convert: dq = scale * accumulator in the input dtype.
 //
 // Tiling (BwdTraits, chosen per problem by with_bwd_traits): 128 keys per CTA
@@ -694,18 +695,19 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
   }
 }
 
-// The epilogue at head dims 128 and 256 (Tr::kStagesKeyGradients) of a block
-// whose keys are all in the sequence and whose walk has steps
-// (store_key_gradients otherwise). Once both consumers' GEMMs of
-// the tile are done, K and V are read no more: each consumer stages dK *
-// scale and dV of its keys and columns over its rows of the K and V tiles
-// (stmatrix, the input dtype, their TMA layout: 64-column panels of
-// 128-byte swizzled rows), and its first thread stores them with TMA (a
-// 64-row box a panel), waits until they are read, and then releases K and V
-// for the consumer's 128 threads (kv_empty). Stored 4 bytes a thread at a
+// The epilogue where the kernel stages (backward_stages_key_gradients), of a
+// block whose keys are all in the sequence and whose walk has steps
+// (store_key_gradients otherwise). Once both consumers' GEMMs of the tile
+// are done, K and V are read no more: each consumer stages dK * scale and dV
+// of its keys and columns over its rows of the K and V tiles (stmatrix, the
+// input dtype, their TMA layout: 64-column panels of 128-byte swizzled rows),
+// and its first thread stores them with TMA (a 64-row box a panel), waits
+// until they are read, and then releases K and V for the consumer's 128
+// threads (kv_empty). Stored 4 bytes a thread at a
 // time from registers instead, the stores took 7-12% of the backward's time
 // at 1k and 3-5% at 4k (H200, session 43, timed by skipping them); this
-// epilogue took 0.91-0.94x the backward's time at 1k and 0.96-0.99x at 4k.
+// epilogue took 0.91-0.94x the backward's time at 1k and 0.96-0.99x at 4k
+// (head dims 128 and 256; deterministic at 64: 0.93-0.98x).
 template <class Tr, typename Element>
 __device__ __forceinline__ void stage_key_gradients(unsigned char* smem, int consumer, int warp, int lane, int n0,
                                                     int key_row0, int column0, int tile, float scale,
@@ -796,6 +798,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
   static_assert(!kSplit || !kModified, "the head dim split has no score modification");
   constexpr bool kOrdered = kDq == DqAdd::writer_in_order;
   constexpr bool kStaged = kDq != DqAdd::registers;
+  constexpr bool kStagesKeys = backward_stages_key_gradients(kD, kOrdered);  // the epilogue's kind (fa3_wgmma_sm90.h)
   const AttentionBackwardParams& p = args.params;
   uint64_t* kv_full = bar.kv_full;
   uint64_t* kv_empty = bar.kv_empty;
@@ -937,10 +940,10 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     const int n0 = n_block * kBN;
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
     // The epilogue: staged over K and V and stored by TMA, which then releases
-    // them (store_key_gradients_by_tma), or from registers at head_dim 64 and
-    // where the block ends past the sequence's keys or walks nothing (the
-    // last step releases them).
-    const bool stages_key_gradients = Tr::kStagesKeyGradients && walk.steps > 0 && n0 + kBN <= view.seqlen_k;
+    // them (store_key_gradients_by_tma), or from registers where the kernel
+    // does not stage (a persistent CTA at head_dim 64), the block ends past
+    // the sequence's keys or walks nothing (the last step releases them).
+    const bool tile_stages_keys = kStagesKeys && walk.steps > 0 && n0 + kBN <= view.seqlen_k;
 #pragma unroll
     for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
     if constexpr (kHandsOutTiles) {
@@ -1054,7 +1057,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       // done (dK's reads Q and dS): unless the epilogue stages dK and dV over
       // them, the producer may load the next tile's under dK, the dQ slab and
       // the dK/dV stores (the persistent grid).
-      const bool releases_keys = step + 1 == walk.steps && !stages_key_gradients;
+      const bool releases_keys = step + 1 == walk.steps && !tile_stages_keys;
       if (Tr::kDqSlabs == 1 && releases_keys) release(kv_empty);
 #pragma unroll
       for (int i = 0; i < Tr::kDqSlabs; ++i) {
@@ -1075,7 +1078,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
       sm90::fence_registers(acc_dk);
       release(&q_empty[stage]);
     }
-    if (stages_key_gradients)
+    if (tile_stages_keys)
       store_key_gradients_by_tma<Tr, Element>(args, view, smem, kv_empty, kv_head, batch, n0, key_row0, grad_column0,
                                               consumer, thread, tile, acc_dk, acc_dv);
     else  // the last step released K and V (kv_empty)
@@ -1203,7 +1206,7 @@ void launch_backward_typed(const AttentionBackwardParams& params) {
     args.do_map = make_tensor_map(
         p, TensorOperand{p.dout, p.dout_row_stride, p.dout_head_stride, p.dout_batch_stride, p.heads, true, "dout"},
         Tr::kBlockM);
-    if constexpr (Tr::kStagesKeyGradients) {  // the epilogue's stores: a consumer's 64 keys a box
+    if (backward_stages_key_gradients(Tr::kHeadDim, p.deterministic)) {  // the TMA epilogue's: 64 keys a box
       args.dk_map = make_tensor_map(
           p, TensorOperand{p.dk, p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.kv_heads, false, "dk"}, 64);
       args.dv_map = make_tensor_map(

@@ -105,7 +105,8 @@ BackwardElementLocation locate_backward_with(const AttentionBackwardParams& para
     const int keys_here = std::min(Tr::kBlockN, view.seqlen_k - n0);
     const KeyRange rows = visible_rows_of_keys(n0, n0 + keys_here - 1, view.seqlen_q, view.seqlen_k,
                                                params.window_left, params.window_right);
-    staged_keys = Tr::kStagesKeyGradients && !rows.empty() && keys_here == Tr::kBlockN;
+    staged_keys = backward_stages_key_gradients(Tr::kHeadDim, params.deterministic) && !rows.empty() &&
+                  keys_here == Tr::kBlockN;
     location.key_note += staged_keys ? " (staged in shared memory over the block's K and V, stored by TMA)"
                                      : " (4-byte stores from registers)";
     if (rows.empty()) {

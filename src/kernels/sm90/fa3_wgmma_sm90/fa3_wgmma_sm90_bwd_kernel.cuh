@@ -253,7 +253,9 @@ using sm80::pack2;
 // producer's next bulk copy into them by its own release; one arrival a warp
 // after __syncwarp drew racecheck hazards, session 22).
 // kv_full / kv_empty: a tile's K and V, loaded once every consumer thread has
-// arrived on kv_empty after its last GEMM of the last tile that read them.
+// arrived on kv_empty after its last GEMM of the last tile that read them, or,
+// where the epilogue staged dK and dV over them, once each consumer's first
+// thread has arrived for its 128 after the TMA stores have read them.
 // Where the kernel hands tiles out (kHandsOut) a round is a tile: the producer
 // writes it (or -1: no more) to `tile`, then completes kv_full (with its K
 // and V, or a plain arrival where the walk has no step); the consumers and
@@ -941,8 +943,9 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     const QueryWalk walk = query_walk<Tr>(args, view, n_block);
     // The epilogue: staged over K and V and stored by TMA, which then releases
     // them (store_key_gradients_by_tma), or from registers where the kernel
-    // does not stage (a persistent CTA at head_dim 64), the block ends past
-    // the sequence's keys or walks nothing (the last step releases them).
+    // does not stage (a persistent CTA at head_dim 64) or the block ends past
+    // the sequence's keys (the walk's last step releases K and V), or walks
+    // nothing (released at the round's start, or never loaded).
     const bool tile_stages_keys = kStagesKeys && walk.steps > 0 && n0 + kBN <= view.seqlen_k;
 #pragma unroll
     for (int i = 0; i < kGradColumns / 2; ++i) acc_dk[i] = acc_dv[i] = 0.f;
@@ -1081,7 +1084,7 @@ __device__ __forceinline__ void backward_consumer(const BwdKernelArguments& args
     if (tile_stages_keys)
       store_key_gradients_by_tma<Tr, Element>(args, view, smem, kv_empty, kv_head, batch, n0, key_row0, grad_column0,
                                               consumer, thread, tile, acc_dk, acc_dv);
-    else  // the last step released K and V (kv_empty)
+    else  // K and V released in the walk's last step, or at the round's start
       store_key_gradients<Tr, Element>(p, view, kv_head, n0, key_row0, grad_column0, quad_col, tile, acc_dk,
                                        acc_dv);
     if constexpr (kOrdered) break;  // a CTA a tile

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Markdown table of one kernel against the others from flashlab-bench's text
-summaries (the lines after 'matmul peak measured'), one file per dtype.
+summaries (the lines after 'matmul peak measured') or its Google Benchmark JSON
+(--benchmark_out: the ratios then computed from the rows' median_ms), one file
+per dtype; a file without a row of the kernel is an error.
 
   scripts/bench_table.py --kernel fa3_wgmma_sm90 bf16=bench-bf16.log fp16=bench-fp16.log
+  scripts/bench_table.py --kernel fa3_wgmma_sm90 bf16=bench-bf16.json
 
 With --decode, the table of `flashlab-bench --decode` from its Google Benchmark
 JSON (--benchmark_out=decode.json --benchmark_out_format=json): one row per case
@@ -32,9 +35,40 @@ from collections import defaultdict
 ROW = re.compile(r"^(?:(\w+)/)?d(\d+)/s(\d+)/b\d+/h\d+/(\w+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+(\S+)\s+(\S+)")
 
 
+# The same rows in the JSON: DIR/dD/sS/bB/hH/MASK/IMPL/min_time:.../manual_time (fwd without DIR/).
+JSON_ROW = re.compile(r"^(?:(\w+)/)?d(\d+)/s(\d+)/b\d+/h\d+/(\w+)/([^/]+)")
+
+
+def read_json(document):
+    """read()'s rows from flashlab-bench's --benchmark_out JSON: vs FLASH / vs cuDNN are the
+    sdpa_flash / sdpa_cudnn row's median_ms over this row's, as the text summary prints them."""
+    medians, counters = {}, {}
+    for entry in document.get("benchmarks", []):
+        if entry.get("run_type") == "aggregate" or entry.get("error_occurred") or "median_ms" not in entry:
+            continue
+        match = JSON_ROW.match(entry.get("run_name") or entry.get("name", ""))
+        if match:
+            direction, d, s, mask, impl = match.groups()
+            key = (direction or "fwd", int(d), int(s), mask, impl)
+            medians[key] = float(entry["median_ms"])
+            counters[key] = (float(entry.get("TFLOPS", 0)), 100 * float(entry.get("peak_fraction", 0)))
+
+    def versus(key, backend):
+        reference = medians.get(key[:4] + (backend,))
+        return f"{reference / medians[key]:.2f}x" if reference and medians[key] > 0 else "-"
+
+    return {key: counters[key] + (versus(key, "sdpa_flash"), versus(key, "sdpa_cudnn")) for key in medians}
+
+
 def read(path):
+    """{(direction, head_dim, seqlen, mask, implementation): (TFLOP/s, % peak, vs FLASH, vs cuDNN)}
+    from a text summary or the JSON."""
+    with open(path) as file:
+        text = file.read()
+    if text.lstrip().startswith("{"):
+        return read_json(json.loads(text))
     rows = {}
-    for line in open(path):
+    for line in text.splitlines():
         match = ROW.match(line.strip())
         if match:
             direction, d, s, mask, impl, ms, tflops, pct, vs_flash, vs_cudnn = match.groups()
@@ -325,18 +359,28 @@ def main():
         return decode_main(args.decode, args.kernel)
     if not args.kernel or not args.logs:
         parser.error("the forward/backward table needs --kernel and at least one DTYPE=PATH")
-    print(f"| dtype | dir | head_dim | seqlen | mask | {args.kernel} TFLOP/s | % matmul peak | vs FLASH | vs cuDNN | cuDNN TFLOP/s | {args.other} TFLOP/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    tables = []
     for spec in args.logs:
         dtype, path = spec.split("=", 1)
         rows = read(path)
+        if not any(key[4] == args.kernel for key in rows):
+            print(f"bench_table.py: {path} has no row of {args.kernel} (expected flashlab-bench's text summary or "
+                  "its --benchmark_out JSON)", file=sys.stderr)
+            return 1
+        tables.append((dtype, rows))
+
+    def tflops_cell(row):
+        return f"{row[0]:.1f}" if row else "-"
+
+    print(f"| dtype | dir | head_dim | seqlen | mask | {args.kernel} TFLOP/s | % matmul peak | vs FLASH | vs cuDNN | cuDNN TFLOP/s | {args.other} TFLOP/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for dtype, rows in tables:
         for key in sorted(k for k in rows if k[4] == args.kernel):
             direction, d, s, mask, _ = key
             tflops, pct, vs_flash, vs_cudnn = rows[key]
-            cudnn = rows.get((direction, d, s, mask, "sdpa_cudnn"), ("-",))[0]
-            other = rows.get((direction, d, s, mask, args.other), ("-",))[0]
+            cudnn = tflops_cell(rows.get((direction, d, s, mask, "sdpa_cudnn")))
+            other = tflops_cell(rows.get((direction, d, s, mask, args.other)))
             print(f"| {dtype} | {direction} | {d} | {s} | {mask} | {tflops:.1f} | {pct:.1f}% | {vs_flash} | **{vs_cudnn}** | {cudnn} | {other} |")
-
 
 if __name__ == "__main__":
     sys.exit(main())

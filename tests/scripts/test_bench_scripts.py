@@ -315,6 +315,35 @@ class ForwardTable(unittest.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("| bf16 | fwd | 128 | 4096 | full | 543.9 | 71.1% | 1.64x | **0.94x** | 580.8 | - |", result.stdout)
 
+    def table_of(self, document, kernel="fa3_wgmma_sm90"):
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "bench.json")
+            with open(path, "w") as file:
+                json.dump(document, file)
+            return run_script(os.path.join(SCRIPTS, "bench_table.py"), "--kernel", kernel, f"bf16={path}")
+
+    def test_reads_the_json_with_ratios_from_the_medians(self):
+        def entry(name, ms, tflops):
+            return {"name": name + "/min_time:0.300/manual_time", "run_type": "iteration", "median_ms": ms,
+                    "TFLOPS": tflops, "peak_fraction": tflops / 765.0}
+        document = {"benchmarks": [entry("d128/s4096/b8/h16/full/fa3_wgmma_sm90", 0.505, 543.9),
+                                   entry("d128/s4096/b8/h16/full/fa3_wgmma_sm90(det)", 0.600, 457.8),
+                                   entry("d128/s4096/b8/h16/full/sdpa_cudnn", 0.473, 580.8),
+                                   entry("d128/s4096/b8/h16/full/sdpa_flash", 0.8282, 331.6),
+                                   entry("bwd/d64/s1023/b8/h32/causal/fa3_wgmma_sm90", 1.0, 300.0),
+                                   entry("bwd/d64/s1023/b8/h32/causal/sdpa_cudnn", 1.25, 240.0)]}
+        result = self.table_of(document)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("| bf16 | fwd | 128 | 4096 | full | 543.9 | 71.1% | 1.64x | **0.94x** | 580.8 | - |", result.stdout)
+        self.assertIn("| bf16 | bwd | 64 | 1023 | causal | 300.0 | 39.2% | - | **1.25x** | 240.0 | - |", result.stdout)
+        self.assertNotIn("(det)", result.stdout)
+
+    def test_a_file_without_the_kernel_is_an_error(self):
+        result = self.table_of({"benchmarks": []})
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("has no row of fa3_wgmma_sm90", result.stderr)
+        self.assertEqual(result.stdout, "")
+
 
 def has_matplotlib():
     try:

@@ -706,8 +706,8 @@ __device__ __forceinline__ void store_key_gradients(const AttentionBackwardParam
 // and its first thread stores them with TMA (a 64-row box a panel), waits
 // until they are read, and then releases K and V for the consumer's 128
 // threads (kv_empty). Stored 4 bytes a thread at a
-// time from registers instead, the stores took 7-12% of the backward's time
-// at 1k and 3-5% at 4k (H200, session 43, timed by skipping them); this
+// time from registers instead, the stores took 6-12% of the backward's time
+// at 1k and 3-4% at 4k (H200, session 43, timed by skipping them); this
 // epilogue took 0.91-0.94x the backward's time at 1k and 0.96-0.99x at 4k
 // (head dims 128 and 256; deterministic at 64: 0.93-0.98x).
 template <class Tr, typename Element>

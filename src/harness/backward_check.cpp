@@ -181,15 +181,7 @@ BackwardTolerance backward_tolerance(const ProblemSpec& spec, const BackwardRefe
   const ReferenceGradients& exact = reference.reference;
   const ReferenceGradients& same = reference.same_precision;
   BackwardTolerance tolerance{rule(exact.dq, same.dq), rule(exact.dk, same.dk), rule(exact.dv, same.dv)};
-  if (exact.dsinks.defined()) {
-    // dsinks' same-precision path: torch's autograd, or, where further off, the
-    // kernels' own formula in the same precision (D from the 16-bit output: its
-    // rounding alone put fa1, fa2 and fa3 past 3x autograd's error on a fp16
-    // problem with softcap 1.5, seed 249001; session 44).
-    const bool formula_further = max_finite_abs_difference(same.dsinks_from_output, exact.dsinks) >
-                                 max_finite_abs_difference(same.dsinks, exact.dsinks);
-    tolerance.dsinks = rule(exact.dsinks, formula_further ? same.dsinks_from_output : same.dsinks);
-  }
+  if (exact.dsinks.defined()) tolerance.dsinks = rule(exact.dsinks, same.dsinks);
   return tolerance;
 }
 

@@ -24,14 +24,13 @@
 #include "json_text.h"
 
 namespace flashlab {
+namespace {
 
 double max_finite_abs_difference(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor difference = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
   const at::Tensor finite = difference.masked_select(at::isfinite(difference));
   return finite.numel() == 0 ? 0.0 : finite.max().item<double>();
 }
-
-namespace {
 
 std::string join_lengths(const std::vector<int>& lengths) {
   std::string text;

@@ -81,11 +81,6 @@ MaskedScores masked_scores(const at::Tensor& q, const at::Tensor& k, const at::T
   return {scores, value};
 }
 
-// ReferenceGradients::dsinks_from_output's accumulation dtype.
-at::ScalarType sink_formula_dtype(at::ScalarType compute_dtype) {
-  return compute_dtype == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // The sink logits as a (1 or B, H, Sq, 1) column of the scores' dtype, from
 // sinks (H) (a leaf of the backward's graph when it has one).
 at::Tensor sink_column(const at::Tensor& sinks, const at::Tensor& scores) {
@@ -119,7 +114,7 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
   const at::Tensor query = leaf(q), key = leaf(k), value_input = leaf(v);
   const bool has_sinks = options.modification.sinks.defined();
   const at::Tensor sinks = has_sinks ? leaf(options.modification.sinks) : at::Tensor();
-  at::Tensor out, with_sink_column;
+  at::Tensor out;
   {
     const c10::AutoGradMode enable_grad(true);
     const auto [scores, value] = masked_scores(query, key, value_input, options);
@@ -131,8 +126,7 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
     at::Tensor probabilities;
     if (has_sinks) {
       const int64_t keys = scores.size(-1);
-      with_sink_column = at::cat({scores, sink_column(sinks, scores)}, -1);
-      probabilities = at::softmax(with_sink_column, -1).narrow(-1, 0, keys);
+      probabilities = at::softmax(at::cat({scores, sink_column(sinks, scores)}, -1), -1).narrow(-1, 0, keys);
     } else {
       const at::Tensor sees_a_key = at::isfinite(scores).any(-1, /*keepdim=*/true);
       const at::Tensor safe_scores = at::where(sees_a_key, scores, at::zeros_like(scores));
@@ -143,17 +137,7 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
   std::vector<at::Tensor> inputs = {query, key, value_input};
   if (has_sinks) inputs.push_back(sinks);
   const auto gradients = torch::autograd::grad({out}, inputs, {dout.detach().to(options.compute_dtype)});
-  ReferenceGradients result{gradients[0], gradients[1], gradients[2], has_sinks ? gradients[3] : at::Tensor()};
-  if (has_sinks) {
-    const at::ScalarType sum_type = sink_formula_dtype(options.compute_dtype);
-    const int64_t keys = with_sink_column.size(-1) - 1;
-    // exp(sink - LSE): the sink's share of each row's softmax, (B, Sq, H) as D.
-    const at::Tensor sink_share =
-        at::softmax(with_sink_column.detach().to(sum_type), -1).select(-1, keys).transpose(1, 2);
-    const at::Tensor d = (dout.detach().to(sum_type) * out.detach().to(sum_type)).sum(-1);
-    result.dsinks_from_output = (-(sink_share * d).sum(at::IntArrayRef{0, 1})).to(sinks.device());  // as dsinks
-  }
-  return result;
+  return {gradients[0], gradients[1], gradients[2], has_sinks ? gradients[3] : at::Tensor()};
 }
 
 namespace {
@@ -239,12 +223,7 @@ ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, cons
     return at::zeros(tensor.sizes(), tensor.options().dtype(options.compute_dtype));
   };
   ReferenceGradients gradients{zeros_like_in(q), zeros_like_in(k), zeros_like_in(v)};
-  if (options.modification.sinks.defined()) {
-    gradients.dsinks = zeros_like_in(options.modification.sinks);
-    const at::Tensor& sinks = options.modification.sinks;
-    gradients.dsinks_from_output =
-        at::zeros(sinks.sizes(), sinks.options().dtype(sink_formula_dtype(options.compute_dtype)));
-  }
+  if (options.modification.sinks.defined()) gradients.dsinks = zeros_like_in(options.modification.sinks);
   for_each_sequence(
       cu_seqlens_q, cu_seqlens_k,
       [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
@@ -254,10 +233,7 @@ ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, cons
         const ReferenceGradients one = reference_attention_backward(
             rows(q, q_start, seqlen_q), rows(k, k_start, seqlen_k), rows(v, k_start, seqlen_k),
             rows(dout, q_start, seqlen_q), sequence_options(options, sequence));
-        if (one.dsinks.defined()) {
-          gradients.dsinks += one.dsinks;
-          gradients.dsinks_from_output += one.dsinks_from_output;
-        }
+        if (one.dsinks.defined()) gradients.dsinks += one.dsinks;
         gradients.dq.narrow(0, q_start, seqlen_q).copy_(one.dq.squeeze(0));
         gradients.dk.narrow(0, k_start, seqlen_k).copy_(one.dk.squeeze(0));
         gradients.dv.narrow(0, k_start, seqlen_k).copy_(one.dv.squeeze(0));

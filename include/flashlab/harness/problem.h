@@ -189,8 +189,6 @@ struct Tolerance {
     return same_precision_factor * same_precision_err + rounding_atol + float32_floor;
   }
 };
-// max |a - b| over the elements where it is finite (0 if none), in float64.
-double max_finite_abs_difference(const at::Tensor& a, const at::Tensor& b);
 // The rule for `reference` (any floating dtype) against torch's same-precision result.
 Tolerance tolerance_rule(const at::Tensor& reference, const at::Tensor& same_precision,
                          double rounding_atol, double same_precision_factor = 2);

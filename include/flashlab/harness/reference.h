@@ -45,11 +45,6 @@ ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, co
 struct ReferenceGradients {
   at::Tensor dq, dk, dv;  // shapes of q, k, v; compute dtype
   at::Tensor dsinks;      // (heads), compute dtype, when options.modification.sinks is defined
-  // The same gradient by the kernels' formula, -sum over rows of exp(sink - LSE) * D with
-  // D = rowsum(dout * out) from the output as computed in compute_dtype (the kernels'
-  // preprocess reads the stored 16-bit output, whose rounding autograd's path never
-  // sees), summed in float32 (float64 for a float64 compute dtype); (heads).
-  at::Tensor dsinks_from_output;
 };
 
 // dL/dq, dL/dk, dL/dv of reference_attention's output for the upstream gradient

@@ -32,9 +32,11 @@ std::string tolerance_text(const Tolerance& tolerance, const char* rule) {
   std::ostringstream text;
   text << std::setprecision(4) << "torch same-precision error " << tolerance.same_precision_err
        << ", rounding atol " << tolerance.rounding_atol << ", float32 floor "
-       << tolerance.float32_floor << " -> tolerance " << tolerance.bound() << " ("
-       << tolerance.same_precision_factor << " x same-precision error + " << rule
-       << " + 4 float32 ulps)";
+       << tolerance.float32_floor;
+  if (tolerance.stored_output_term > 0) text << ", stored-output term " << tolerance.stored_output_term;
+  text << " -> tolerance " << tolerance.bound() << " (" << tolerance.same_precision_factor
+       << " x same-precision error + " << rule << " + 4 float32 ulps"
+       << (tolerance.stored_output_term > 0 ? " + 2 x what storing the output moves D's sum)" : ")");
   return text.str();
 }
 
@@ -45,7 +47,8 @@ std::string tensor_json(const ComparisonReport& report, const Tolerance& toleran
   terms << ", \"same_precision_err\": " << json::number(tolerance.same_precision_err)
         << ", \"same_precision_factor\": " << json::number(tolerance.same_precision_factor)
         << ", \"rounding_atol\": " << json::number(tolerance.rounding_atol)
-        << ", \"float32_floor\": " << json::number(tolerance.float32_floor) << "}";
+        << ", \"float32_floor\": " << json::number(tolerance.float32_floor)
+        << ", \"stored_output_term\": " << json::number(tolerance.stored_output_term) << "}";
   return text + terms.str();
 }
 
@@ -166,8 +169,10 @@ BackwardReference reference_backward(const ProblemSpec& spec, const ProblemInput
   BackwardReference reference;
   options.compute_dtype =
       (spec.float64_reference || spec.dtype == at::kFloat) ? at::kDouble : at::kFloat;
+  options.stored_output_dtype = spec.output_dtype();  // dsinks' stored-output term
   reference.reference = run();
   options.compute_dtype = spec.dtype;
+  options.stored_output_dtype.reset();
   reference.same_precision = run();
   return reference;
 }
@@ -181,7 +186,15 @@ BackwardTolerance backward_tolerance(const ProblemSpec& spec, const BackwardRefe
   const ReferenceGradients& exact = reference.reference;
   const ReferenceGradients& same = reference.same_precision;
   BackwardTolerance tolerance{rule(exact.dq, same.dq), rule(exact.dk, same.dk), rule(exact.dv, same.dv)};
-  if (exact.dsinks.defined()) tolerance.dsinks = rule(exact.dsinks, same.dsinks);
+  if (exact.dsinks.defined()) {
+    tolerance.dsinks = rule(exact.dsinks, same.dsinks);
+    // The kernels form D from the stored output, a rounding torch's autograd
+    // never makes: alone it put fa1_scalar (float32 P.V, exact tanhf) past the
+    // rule above on 2 of 20 fp16 softcap/ALiBi/window problems (session 45).
+    // Twice its effect, as flash-attn's atol is twice the storage rounding.
+    if (exact.dsinks_stored_output_shift.defined())
+      tolerance.dsinks.stored_output_term = 2 * exact.dsinks_stored_output_shift.abs().max().item<double>();
+  }
   return tolerance;
 }
 

@@ -114,7 +114,7 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
   const at::Tensor query = leaf(q), key = leaf(k), value_input = leaf(v);
   const bool has_sinks = options.modification.sinks.defined();
   const at::Tensor sinks = has_sinks ? leaf(options.modification.sinks) : at::Tensor();
-  at::Tensor out;
+  at::Tensor out, sink_share;  // sink_share: exp(sink - LSE), (B, H, Sq, 1), with sinks
   {
     const c10::AutoGradMode enable_grad(true);
     const auto [scores, value] = masked_scores(query, key, value_input, options);
@@ -126,7 +126,9 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
     at::Tensor probabilities;
     if (has_sinks) {
       const int64_t keys = scores.size(-1);
-      probabilities = at::softmax(at::cat({scores, sink_column(sinks, scores)}, -1), -1).narrow(-1, 0, keys);
+      const at::Tensor with_sink = at::softmax(at::cat({scores, sink_column(sinks, scores)}, -1), -1);
+      probabilities = with_sink.narrow(-1, 0, keys);
+      sink_share = with_sink.narrow(-1, keys, 1).detach();
     } else {
       const at::Tensor sees_a_key = at::isfinite(scores).any(-1, /*keepdim=*/true);
       const at::Tensor safe_scores = at::where(sees_a_key, scores, at::zeros_like(scores));
@@ -136,8 +138,19 @@ ReferenceGradients reference_attention_backward(const at::Tensor& q, const at::T
   }
   std::vector<at::Tensor> inputs = {query, key, value_input};
   if (has_sinks) inputs.push_back(sinks);
-  const auto gradients = torch::autograd::grad({out}, inputs, {dout.detach().to(options.compute_dtype)});
-  return {gradients[0], gradients[1], gradients[2], has_sinks ? gradients[3] : at::Tensor()};
+  const at::Tensor upstream = dout.detach().to(options.compute_dtype);
+  const auto gradients = torch::autograd::grad({out}, inputs, {upstream});
+  ReferenceGradients result{gradients[0], gradients[1], gradients[2], has_sinks ? gradients[3] : at::Tensor()};
+  if (has_sinks && options.stored_output_dtype) {
+    // The change in each row's D = rowsum(dout * out) when out is stored, then
+    // dsinks' sum of -exp(sink - LSE) D over the rows (the rounding's
+    // difference is exact in the compute dtype).
+    const at::Tensor exact = out.detach();
+    const at::Tensor stored = exact.to(*options.stored_output_dtype).to(exact.scalar_type());
+    const at::Tensor d_shift = (upstream * (stored - exact)).sum(-1).transpose(1, 2).unsqueeze(-1);
+    result.dsinks_stored_output_shift = -(sink_share * d_shift).sum(at::IntArrayRef{0, 2, 3});
+  }
+  return result;
 }
 
 namespace {
@@ -223,7 +236,10 @@ ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, cons
     return at::zeros(tensor.sizes(), tensor.options().dtype(options.compute_dtype));
   };
   ReferenceGradients gradients{zeros_like_in(q), zeros_like_in(k), zeros_like_in(v)};
-  if (options.modification.sinks.defined()) gradients.dsinks = zeros_like_in(options.modification.sinks);
+  const bool has_sinks = options.modification.sinks.defined();
+  if (has_sinks) gradients.dsinks = zeros_like_in(options.modification.sinks);
+  if (has_sinks && options.stored_output_dtype)
+    gradients.dsinks_stored_output_shift = zeros_like_in(options.modification.sinks);
   for_each_sequence(
       cu_seqlens_q, cu_seqlens_k,
       [&](int64_t sequence, int64_t q_start, int64_t seqlen_q, int64_t k_start, int64_t seqlen_k) {
@@ -234,6 +250,8 @@ ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, cons
             rows(q, q_start, seqlen_q), rows(k, k_start, seqlen_k), rows(v, k_start, seqlen_k),
             rows(dout, q_start, seqlen_q), sequence_options(options, sequence));
         if (one.dsinks.defined()) gradients.dsinks += one.dsinks;
+        if (one.dsinks_stored_output_shift.defined())
+          gradients.dsinks_stored_output_shift += one.dsinks_stored_output_shift.to(options.compute_dtype);
         gradients.dq.narrow(0, q_start, seqlen_q).copy_(one.dq.squeeze(0));
         gradients.dk.narrow(0, k_start, seqlen_k).copy_(one.dk.squeeze(0));
         gradients.dv.narrow(0, k_start, seqlen_k).copy_(one.dv.squeeze(0));

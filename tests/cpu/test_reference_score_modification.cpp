@@ -179,6 +179,35 @@ TEST(ReferenceScoreModification, VarlenTakesEachSequencesAlibiRowAndSumsTheSinks
   EXPECT_TRUE(at::allclose(packed_gradients.dsinks, fixed_gradients.dsinks, 1e-12, 1e-12));
 }
 
+// dsinks' stored-output shift (the harness's tolerance term for the kernels'
+// D, formed from the 16-bit output): the sink formula from the forward's out
+// rounded to fp16, minus the same from the exact out; varlen sums it over the
+// sequences. Not asked for, it is absent.
+TEST(ReferenceScoreModification, StoredOutputShiftIsTheSinkFormulaWithTheOutputRounded) {
+  Problem p = odd_problem(2, 1);
+  p.options.modification.softcap = 1.5;
+  p.options.modification.alibi_slopes = at::tensor({0.5, 0.25, 0.125, 0.0625}, at::kFloat);
+  p.options.modification.sinks = at::tensor({0.3, -1.2, 2.0, 0.0}, at::kDouble);
+  EXPECT_FALSE(reference_attention_backward(p.q, p.k, p.v, p.dout, p.options).dsinks_stored_output_shift.defined());
+  p.options.stored_output_dtype = at::kHalf;
+  const ReferenceGradients gradients = reference_attention_backward(p.q, p.k, p.v, p.dout, p.options);
+  const ReferenceOutput forward = reference_attention(p.q, p.k, p.v, p.options);
+  const at::Tensor share = at::exp(p.options.modification.sinks.view({1, -1, 1}) - forward.lse);  // (B, H, Sq)
+  const auto formula = [&](const at::Tensor& out) {
+    return -(share * (out * p.dout).sum(-1).transpose(1, 2)).sum(at::IntArrayRef{0, 2});
+  };
+  const at::Tensor expected = formula(forward.out.to(at::kHalf).to(at::kDouble)) - formula(forward.out);
+  ASSERT_TRUE(gradients.dsinks_stored_output_shift.defined());
+  EXPECT_GT(expected.abs().max().item<double>(), 1e-6);  // fp16 rounding moves it
+  EXPECT_TRUE(at::allclose(gradients.dsinks_stored_output_shift, expected, 1e-9, 1e-12))
+      << gradients.dsinks_stored_output_shift << expected;
+  const at::Tensor cu_q = at::tensor({0, 7, 14}, at::kInt), cu_k = at::tensor({0, 13, 26}, at::kInt);
+  const auto pack = [](const at::Tensor& t) { return t.reshape({-1, t.size(2), t.size(3)}); };
+  const ReferenceGradients packed = reference_attention_varlen_backward(pack(p.q), pack(p.k), pack(p.v),
+                                                                        pack(p.dout), cu_q, cu_k, p.options);
+  EXPECT_TRUE(at::allclose(packed.dsinks_stored_output_shift, expected, 1e-9, 1e-12));
+}
+
 // A sequence without keys: its rows see only the sink, so out 0 and LSE = the
 // sink (not -inf), and no gradient (D = 0). (The kernels wrote the sink while
 // this reference kept -inf: session 23's first GPU run.)

@@ -30,6 +30,7 @@ from attention_reference import (
     assert_close_to_reference,
     attention_ref,
     reference_dtype,
+    sink_gradient_stored_output_term,
     varlen_attention_ref,
 )
 from conftest import FULL_MATRIX, requires_cuda
@@ -103,7 +104,9 @@ def check_forward_backward(dtype, out, lse, inputs, reference, grads=None, dout=
     grads_ref = torch.autograd.grad(out_ref, precise_inputs, dout.to(out_ref.dtype))
     grads_pt = torch.autograd.grad(out_pt, same_inputs, dout)
     for name, grad, grad_ref, grad_pt in zip(("dq", "dk", "dv", "dsinks"), grads, grads_ref, grads_pt):
-        assert_close_to_reference(name, grad, grad_ref, grad_pt, 3, dtype)
+        stored_output_term = (sink_gradient_stored_output_term(out_ref, lse_ref, dout, inputs[3], dtype)
+                              if name == "dsinks" else 0.0)
+        assert_close_to_reference(name, grad, grad_ref, grad_pt, 3, dtype, stored_output_term)
 
 
 # ---------------------------------------------------------------------------

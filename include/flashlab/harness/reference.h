@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 namespace flashlab {
 
@@ -30,6 +31,9 @@ struct ReferenceOptions {
   int window_right = -1;  // 0 for causal
   at::ScalarType compute_dtype = at::kFloat;
   ScoreModification modification;
+  // With sinks, reference_attention_backward also reports how much storing the
+  // output in this dtype moves dsinks (ReferenceGradients::dsinks_stored_output_shift).
+  std::optional<at::ScalarType> stored_output_dtype;
 };
 
 struct ReferenceOutput {
@@ -45,6 +49,11 @@ ReferenceOutput reference_attention(const at::Tensor& q, const at::Tensor& k, co
 struct ReferenceGradients {
   at::Tensor dq, dk, dv;  // shapes of q, k, v; compute dtype
   at::Tensor dsinks;      // (heads), compute dtype, when options.modification.sinks is defined
+  // With sinks and options.stored_output_dtype: dsinks' formula -sum over rows of
+  // exp(sink - LSE) * rowsum(dout * out) with out rounded to that dtype, minus the
+  // same with the exact out (heads). The kernels form D from the stored output;
+  // torch's autograd never rounds it, so its same-precision error leaves this out.
+  at::Tensor dsinks_stored_output_shift;
 };
 
 // dL/dq, dL/dk, dL/dv of reference_attention's output for the upstream gradient

@@ -36,7 +36,7 @@ std::string tolerance_text(const Tolerance& tolerance, const char* rule) {
   if (tolerance.stored_output_term > 0) text << ", stored-output term " << tolerance.stored_output_term;
   text << " -> tolerance " << tolerance.bound() << " (" << tolerance.same_precision_factor
        << " x same-precision error + " << rule << " + 4 float32 ulps"
-       << (tolerance.stored_output_term > 0 ? " + 2 x what storing the output moves D's sum)" : ")");
+       << (tolerance.stored_output_term > 0 ? " + 2 x what storing the output moves dsinks)" : ")");
   return text.str();
 }
 

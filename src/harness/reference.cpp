@@ -251,7 +251,8 @@ ReferenceGradients reference_attention_varlen_backward(const at::Tensor& q, cons
             rows(dout, q_start, seqlen_q), sequence_options(options, sequence));
         if (one.dsinks.defined()) gradients.dsinks += one.dsinks;
         if (one.dsinks_stored_output_shift.defined())
-          gradients.dsinks_stored_output_shift += one.dsinks_stored_output_shift.to(options.compute_dtype);
+          gradients.dsinks_stored_output_shift += one.dsinks_stored_output_shift.to(
+              gradients.dsinks_stored_output_shift.device(), options.compute_dtype);
         gradients.dq.narrow(0, q_start, seqlen_q).copy_(one.dq.squeeze(0));
         gradients.dk.narrow(0, k_start, seqlen_k).copy_(one.dk.squeeze(0));
         gradients.dv.narrow(0, k_start, seqlen_k).copy_(one.dv.squeeze(0));

@@ -3,7 +3,7 @@ scaled_dot_product_attention with an explicit mask, on the CPU in float64."""
 import pytest
 import torch
 
-from attention_reference import attention_ref, varlen_attention_ref, visible
+from attention_reference import attention_ref, sink_gradient_stored_output_term, varlen_attention_ref, visible
 
 
 def test_causal_mask_aligns_bottom_right():
@@ -50,3 +50,28 @@ def test_varlen_is_one_sequence_at_a_time():
     torch.testing.assert_close(out[4:], second[0])
     torch.testing.assert_close(lse[:, 4:], second_lse[0])
     assert out.shape == q.shape and lse.shape == (2, 9)
+
+
+def test_sink_gradient_stored_output_term_is_twice_the_formulas_shift():
+    """The GPU suite's dsinks term: twice the largest change, over heads, of -sum over rows of
+    exp(sink - LSE) * rowsum(dout * out) when out is rounded to the dtype (a row-by-row loop
+    here), fixed-length and packed alike."""
+    torch.manual_seed(2)
+    q = torch.randn(2, 7, 4, 16, dtype=torch.float64)
+    k, v = torch.randn(2, 13, 2, 16, dtype=torch.float64), torch.randn(2, 13, 2, 16, dtype=torch.float64)
+    dout, sinks = torch.randn_like(q), torch.randn(4, dtype=torch.float64)
+    out, lse = attention_ref(q, k, v, causal=True, softcap=1.5, sinks=sinks)
+    shift = torch.zeros(4, dtype=torch.float64)
+    for b in range(2):
+        for h in range(4):
+            for i in range(7):
+                stored = out[b, i, h].half().double()
+                shift[h] -= torch.exp(sinks[h] - lse[b, h, i]) * (dout[b, i, h] * (stored - out[b, i, h])).sum()
+    expected = 2 * shift.abs().max().item()
+    assert expected > 0
+    assert sink_gradient_stored_output_term(out, lse, dout, sinks, torch.float16) == pytest.approx(expected, rel=1e-6)
+    cu_q, cu_k = torch.tensor([0, 7, 14]), torch.tensor([0, 13, 26])
+    packed, packed_lse = varlen_attention_ref(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k,
+                                              causal=True, softcap=1.5, sinks=sinks)
+    assert sink_gradient_stored_output_term(packed, packed_lse, dout.flatten(0, 1), sinks, torch.float16) == \
+        pytest.approx(expected, rel=1e-6)

@@ -103,7 +103,7 @@ def sink_gradient_stored_output_term(out, lse, dout, sinks, dtype):
     precise reference's, fixed-length (B, Sq, H, D) / (B, H, Sq) or packed (T, H, D) / (H, T)."""
     out, lse = out.detach(), lse.detach()
     shift = (dout.to(out.dtype) * (out.to(dtype).to(out.dtype) - out)).sum(-1).transpose(-1, -2)
-    share = torch.exp(sinks.detach().to(lse.dtype).view(-1, 1) - lse).nan_to_num(0.0, 0.0, 0.0)
+    share = torch.exp(sinks.detach().to(lse.dtype).view(-1, 1) - lse)  # with sinks no LSE is -inf
     per_head = -(share * shift).movedim(-2, 0).reshape(share.shape[-2], -1).sum(1)
     return 2 * per_head.abs().max().item()
 
